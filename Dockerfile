@@ -1,0 +1,11 @@
+# One image for every detq service (workers, migrate, flower, producers).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY detq ./detq
+COPY db ./db
+COPY worker ./worker
+COPY producer ./producer
+RUN pip install --no-cache-dir '.[flower]'
+ENTRYPOINT []
+CMD ["detq", "--help"]

@@ -1,0 +1,51 @@
+# detq: `make demo` and `make test` do all set-up on a fresh machine (a .venv with the project installed).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install install-dev lint format test test-unit demo bench services clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install-dev
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# Starts Redis/PostgreSQL only if they are not answering (CI machines start them before the run).
+services:
+	bash scripts/ensure_services.sh
+
+test: install-dev lint services
+	$(PY) -m pytest
+
+test-unit: install-dev
+	$(PY) -m pytest -m "not integration"
+
+demo: install
+	$(VENV)/bin/detq demo
+
+bench: install
+	$(PY) scripts/bench_throughput.py
+
+clean:
+	rm -rf $(VENV) .detq demo-output .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,133 @@
+"""Engine and session factory for SQLite and PostgreSQL, and the transient-error test callers retry on."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine, create_engine, event, exc
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+# Execution option a caller may set on an engine (engine.execution_options(...)) to begin SQLite
+# transactions with a plain deferred BEGIN, for read-only work that should not queue for the write lock.
+SQLITE_BEGIN_OPTION = "detq_sqlite_begin"
+
+# PostgreSQL SQLSTATEs worth retrying: serialization failure, deadlock, lock not available, too many
+# connections, and the server shutting down or starting up. Class 08 (connection exception) is matched apart.
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+_SQLITE_TRANSIENT_MESSAGES = ("database is locked", "database table is locked", "database is busy")
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a database URL, pointing bare PostgreSQL URLs at psycopg 3, the only driver installed."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The database file of an SQLite URL; None for in-memory databases and other backends."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:") or url.query.get("mode") == "memory":
+        return None
+    return Path(database)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine tuned for many worker processes writing at once: WAL + BEGIN IMMEDIATE on SQLite."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, pool_pre_ping=True)
+    path = sqlite_file(parsed)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _on_sqlite_connect)
+    event.listen(engine, "begin", _on_sqlite_begin)
+    return engine
+
+
+def _on_sqlite_connect(dbapi_connection: Any, connection_record: ConnectionPoolEntry) -> None:
+    # SQLAlchemy's recipe for pysqlite (docs: "Enabling Non-Legacy SQLite Transactional Modes"): stop the
+    # driver from emitting its own deferred BEGIN, so _on_sqlite_begin decides how transactions start.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # busy_timeout first, so that switching a fresh file to WAL waits for other processes too.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
+def _on_sqlite_begin(conn: Connection) -> None:
+    # BEGIN IMMEDIATE takes the write lock up front, waiting on busy_timeout. A deferred BEGIN would take it
+    # at the first write, and SQLite fails such a read-to-write upgrade at once with "database is locked"
+    # instead of waiting, when another process wrote since the transaction's first read.
+    mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+    if mode not in ("IMMEDIATE", "DEFERRED", "EXCLUSIVE"):
+        raise ValueError(f"{SQLITE_BEGIN_OPTION} must be IMMEDIATE, DEFERRED or EXCLUSIVE, not {mode!r}")
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose objects stay readable after commit; callers use `with factory() as s, s.begin():`."""
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def is_transient_error(exc_: BaseException) -> bool:
+    """True when retrying the transaction may succeed: lock/busy, serialization, deadlock, lost connection."""
+    seen: set[int] = set()
+    current: BaseException | None = exc_
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        verdict = _classify(current)
+        if verdict is not None:
+            return verdict
+        current = current.__cause__  # follow `raise ... from db_error` through callers' own exceptions
+    return False
+
+
+def _classify(error: BaseException) -> bool | None:
+    """True/False for database errors, None for anything else."""
+    if isinstance(error, exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        if isinstance(error, exc.IntegrityError | exc.ProgrammingError | exc.DataError):
+            return False
+        return error.orig is not None and _classify_driver_error(error.orig)
+    if isinstance(error, exc.DisconnectionError | exc.TimeoutError):
+        return True
+    if isinstance(error, sqlite3.Error | psycopg.Error):
+        return _classify_driver_error(error)
+    return None
+
+
+def _classify_driver_error(orig: BaseException) -> bool:
+    """Classify the DBAPI exception itself."""
+    if isinstance(orig, sqlite3.Error):
+        if isinstance(orig, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+            return False
+        code = getattr(orig, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            return True
+        message = str(orig).lower()
+        return any(text in message for text in _SQLITE_TRANSIENT_MESSAGES)
+    if isinstance(orig, psycopg.Error):
+        if orig.sqlstate is not None:
+            return orig.sqlstate in _TRANSIENT_SQLSTATES or orig.sqlstate.startswith("08")
+        # No SQLSTATE: the server never answered, the connection failed or died on the way.
+        return isinstance(orig, psycopg.OperationalError)
+    return False

@@ -1,0 +1,216 @@
+"""Repository functions for images and detections: inserting, loading, recording results, reading back."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from db.jobs_repo import close_job_if_complete
+from db.models import TERMINAL_STATUSES, Detection, Image, ImageStatus, Job, utcnow
+
+
+@dataclass(frozen=True)
+class NewImage:
+    """An image file found by a scan, about to become a pending row."""
+
+    path: str
+    size_bytes: int
+    mtime: float
+    root_index: int = 0
+
+
+@dataclass(frozen=True)
+class DetectionRow:
+    """One box of a result, in original image pixels."""
+
+    label_id: int
+    label: str
+    score: float
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    """The outcome of one image: DONE with its detections, or FAILED / REJECTED with a reason."""
+
+    image_id: int
+    status: ImageStatus
+    reason: str | None = None
+    width: int | None = None
+    height: int | None = None
+    detections: tuple[DetectionRow, ...] = ()
+    decode_ms: float | None = None
+    infer_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class PendingImage:
+    """What a worker needs to process one image row."""
+
+    id: int
+    job_id: int
+    path: str
+    root_index: int
+    status: str
+
+
+def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> list[int]:
+    """Insert pending rows in one bulk INSERT ... RETURNING; the new ids in the order of images."""
+    if not images:
+        return []
+    rows = [
+        {
+            "job_id": job_id,
+            "path": image.path,
+            "size_bytes": image.size_bytes,
+            "mtime": image.mtime,
+            "root_index": image.root_index,
+        }
+        for image in images
+    ]
+    statement = insert(Image).returning(Image.id, sort_by_parameter_order=True)
+    return list(session.scalars(statement, rows))
+
+
+def load_images(session: Session, job_id: int, image_ids: Sequence[int]) -> list[PendingImage]:
+    """The rows of image_ids that belong to job_id, whatever their status, ordered by id."""
+    if not image_ids:
+        return []
+    rows = session.execute(
+        select(Image.id, Image.job_id, Image.path, Image.root_index, Image.status)
+        .where(Image.job_id == job_id, Image.id.in_(list(image_ids)))
+        .order_by(Image.id)
+    ).tuples()
+    return [PendingImage(*row) for row in rows]
+
+
+def record_results(
+    session: Session,
+    job_id: int,
+    model_id: int,
+    results: Sequence[ImageResult],
+    *,
+    worker: str,
+    device: str,
+) -> int:
+    """Finalise pending images with their results, idempotently; returns how many were newly finalised.
+
+    Each image moves pending -> terminal with a conditional UPDATE, and only images whose UPDATE matched get
+    detections, so a batch delivered twice, or raced by two workers, writes each image's detections once
+    and never overwrites a terminal state. On PostgreSQL the row lock of the UPDATE makes a racing
+    transaction wait, re-check status after the first commits, and match nothing. Rows are updated in id
+    order so that two transactions over overlapping batches lock them in the same order, not deadlock.
+    """
+    for result in results:
+        if result.status not in TERMINAL_STATUSES:
+            raise ValueError(f"image {result.image_id}: a result must be terminal, not {result.status!r}")
+    now = utcnow()
+    finalised: list[ImageResult] = []
+    for result in sorted(results, key=lambda r: r.image_id):
+        # An UPDATE's result is a CursorResult; Session.execute is typed with the general Result.
+        outcome = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Image)
+                .where(
+                    Image.id == result.image_id,
+                    Image.job_id == job_id,
+                    Image.status == ImageStatus.PENDING.value,
+                )
+                .values(
+                    status=ImageStatus(result.status).value,
+                    reason=result.reason,
+                    width=result.width,
+                    height=result.height,
+                    worker=worker,
+                    device=device,
+                    decode_ms=result.decode_ms,
+                    infer_ms=result.infer_ms,
+                    finished_at=now,
+                    attempts=Image.attempts + 1,
+                )
+            ),
+        )
+        if outcome.rowcount == 1:
+            finalised.append(result)
+    detection_rows: list[dict[str, Any]] = [
+        {
+            "image_id": result.image_id,
+            "model_id": model_id,
+            "rank": rank,
+            "label_id": box.label_id,
+            "label": box.label,
+            "score": box.score,
+            "x1": box.x1,
+            "y1": box.y1,
+            "x2": box.x2,
+            "y2": box.y2,
+        }
+        for result in finalised
+        for rank, box in enumerate(result.detections)
+    ]
+    if detection_rows:
+        session.execute(insert(Detection), detection_rows)
+    if finalised:
+        session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
+        close_job_if_complete(session, job_id, now)
+    return len(finalised)
+
+
+def pending_image_ids(session: Session, job_id: int) -> list[int]:
+    """Ids of the job's images still pending, ascending."""
+    return list(
+        session.scalars(
+            select(Image.id)
+            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
+            .order_by(Image.id)
+        )
+    )
+
+
+def iter_ledger(session: Session, job_id: int, chunk: int = 1000) -> Iterator[tuple[Image, list[Detection]]]:
+    """Every image of the job by id with its detections by rank: two queries per chunk, keyset on id."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be positive, not {chunk}")
+    after: int | None = None
+    while True:
+        query = select(Image).where(Image.job_id == job_id).order_by(Image.id).limit(chunk)
+        if after is not None:
+            query = query.where(Image.id > after)
+        images = list(session.scalars(query))
+        if not images:
+            return
+        first, last = images[0].id, images[-1].id
+        boxes: dict[int, list[Detection]] = defaultdict(list)
+        for detection in session.scalars(
+            select(Detection)
+            .join(Image, Detection.image_id == Image.id)
+            .where(Image.job_id == job_id, Detection.image_id >= first, Detection.image_id <= last)
+            .order_by(Detection.image_id, Detection.rank)
+        ):
+            boxes[detection.image_id].append(detection)
+        for image in images:
+            yield image, boxes.get(image.id, [])
+        if len(images) < chunk:
+            return
+        after = last
+
+
+def label_names(session: Session, job_id: int) -> dict[int, str]:
+    """label_id -> label among the job's detections."""
+    rows = session.execute(
+        select(Detection.label_id, func.min(Detection.label))
+        .join(Image, Detection.image_id == Image.id)
+        .where(Image.job_id == job_id)
+        .group_by(Detection.label_id)
+        .order_by(Detection.label_id)
+    ).tuples()
+    return {label_id: label for label_id, label in rows}

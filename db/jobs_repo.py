@@ -1,0 +1,126 @@
+"""Repository functions for models and jobs: registering a model, creating, finishing and counting jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from db.models import Detection, Image, ImageStatus, Job, ModelRecord, utcnow
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """How many images of a job are in each state, and how many detections they have."""
+
+    total: int
+    pending: int
+    done: int
+    failed: int
+    rejected: int
+    detections: int
+
+
+def get_or_create_model(
+    session: Session, *, sha256: str, path: str, size_bytes: int, meta: dict[str, Any]
+) -> ModelRecord:
+    """The model row of this sha256, inserted if missing; race-safe across processes on both databases."""
+    values = {"sha256": sha256, "path": path, "size_bytes": size_bytes, "meta": meta, "created_at": utcnow()}
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(
+            postgresql.insert(ModelRecord)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=[ModelRecord.sha256])
+        )
+    elif dialect == "sqlite":
+        session.execute(
+            sqlite.insert(ModelRecord)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=[ModelRecord.sha256])
+        )
+    elif session.scalar(select(ModelRecord.id).where(ModelRecord.sha256 == sha256)) is None:
+        session.execute(insert(ModelRecord).values(values))
+    return session.scalars(select(ModelRecord).where(ModelRecord.sha256 == sha256)).one()
+
+
+def create_job(session: Session, *, model_id: int, roots: list[str], pool: str, batch_size: int) -> Job:
+    """A new job with no images yet; its id is assigned (flushed) on return."""
+    job = Job(model_id=model_id, roots=list(roots), pool=pool, batch_size=batch_size)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def finish_enqueue(session: Session, job_id: int, total: int) -> None:
+    """Mark the job fully enqueued with total images; finishes it at once if workers already did them all."""
+    now = utcnow()
+    session.execute(
+        update(Job).where(Job.id == job_id).values(total=total, enqueued_complete=True, enqueued_at=now)
+    )
+    close_job_if_complete(session, job_id, now)
+
+
+def close_job_if_complete(session: Session, job_id: int, now: datetime) -> bool:
+    """Set finished_at (once) when the job is fully enqueued and none of its images is pending.
+
+    On PostgreSQL the job row is locked first (FOR NO KEY UPDATE, which leaves the KEY SHARE locks of
+    concurrent image inserts alone). Whoever finalises the last images, or finishes the enqueue, thereby
+    queues behind every other such transaction of the job, and its pending check, a new statement under
+    READ COMMITTED, sees their commits: two transactions cannot each see the other's image still pending.
+    """
+    job = session.execute(
+        select(Job.enqueued_complete, Job.finished_at).where(Job.id == job_id).with_for_update(key_share=True)
+    ).one_or_none()
+    if job is None or not job.enqueued_complete or job.finished_at is not None:
+        return False
+    pending = session.scalar(
+        select(Image.id).where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value).limit(1)
+    )
+    if pending is not None:
+        return False
+    session.execute(update(Job).where(Job.id == job_id, Job.finished_at.is_(None)).values(finished_at=now))
+    return True
+
+
+def get_job(session: Session, job_id: int) -> Job | None:
+    """The job with this id, or None."""
+    return session.get(Job, job_id)
+
+
+def latest_job_id(session: Session) -> int | None:
+    """The id of the most recently created job, or None when there is none."""
+    return session.scalar(select(func.max(Job.id)))
+
+
+def list_jobs(session: Session, limit: int = 20) -> list[Job]:
+    """The newest jobs first."""
+    return list(session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+
+
+def job_counts(session: Session, job_id: int) -> JobCounts:
+    """Images of the job by status (an index-only count on ix_images_job_status) and their detections."""
+    by_status: dict[str, int] = {
+        status: count
+        for status, count in session.execute(
+            select(Image.status, func.count()).where(Image.job_id == job_id).group_by(Image.status)
+        ).tuples()
+    }
+    detections = session.scalar(
+        select(func.count())
+        .select_from(Detection)
+        .join(Image, Detection.image_id == Image.id)
+        .where(Image.job_id == job_id)
+    )
+    return JobCounts(
+        total=sum(by_status.values()),
+        pending=by_status.get(ImageStatus.PENDING.value, 0),
+        done=by_status.get(ImageStatus.DONE.value, 0),
+        failed=by_status.get(ImageStatus.FAILED.value, 0),
+        rejected=by_status.get(ImageStatus.REJECTED.value, 0),
+        detections=detections or 0,
+    )

@@ -1,0 +1,94 @@
+"""Schema migrations run from code: Alembic upgrade under a cross-process lock, and the current revision."""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, func, select
+
+from db.engine import make_engine, normalize_url, sqlite_file
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+# Key of the PostgreSQL advisory lock held while migrating; advisory locks are scoped to one database.
+PG_MIGRATION_LOCK_KEY = 0x6465_7471_6D69_6772  # "detqmigr"
+
+
+def make_config(url: str) -> Config:
+    """An Alembic config for the bundled migrations, no alembic.ini needed (also for `command.revision`)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    # Config values go through configparser interpolation, where a literal % must be doubled.
+    config.set_main_option(
+        "sqlalchemy.url", normalize_url(url).render_as_string(hide_password=False).replace("%", "%%")
+    )
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at url to revision; safe to call from several processes at once."""
+    config = make_config(url)
+    with _migration_file_lock(url):
+        engine = make_engine(url)
+        try:
+            with engine.connect() as connection:
+                if connection.dialect.name == "postgresql":
+                    _upgrade_postgresql(connection, config, revision)
+                else:
+                    _run_upgrade(connection, config, revision)
+        finally:
+            engine.dispose()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at; None when it was never migrated."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def _run_upgrade(connection: Connection, config: Config, revision: str) -> None:
+    config.attributes["connection"] = connection  # env.py migrates on this connection
+    command.upgrade(config, revision)
+    if connection.in_transaction():
+        connection.commit()
+
+
+def _upgrade_postgresql(connection: Connection, config: Config, revision: str) -> None:
+    # A session-level advisory lock outlives the commits below; other migrators queue on it, then see
+    # the version this one committed.
+    connection.execute(select(func.pg_advisory_lock(PG_MIGRATION_LOCK_KEY)))
+    connection.commit()
+    try:
+        _run_upgrade(connection, config, revision)
+    finally:
+        if connection.in_transaction():
+            connection.rollback()
+        connection.execute(select(func.pg_advisory_unlock(PG_MIGRATION_LOCK_KEY)))
+        connection.commit()
+
+
+@contextmanager
+def _migration_file_lock(url: str) -> Iterator[None]:
+    """For an SQLite file, hold an exclusive flock on <file>.migrate.lock; a no-op for other databases."""
+    path = sqlite_file(normalize_url(url))
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.migrate.lock", "a") as lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)

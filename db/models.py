@@ -1,0 +1,128 @@
+"""SQLAlchemy 2.0 models of the ledger: models, jobs, images and detections."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets BIGINT identities.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now in UTC."""
+    return datetime.now(UTC)
+
+
+class ImageStatus(enum.StrEnum):
+    """Life of an image row: pending, then exactly one terminal state."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+TERMINAL_STATUSES = (ImageStatus.DONE, ImageStatus.FAILED, ImageStatus.REJECTED)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every detq table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[str]: JSON}
+
+
+class ModelRecord(Base):
+    """A model file, identified by the sha256 of its bytes."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """One enqueue: a set of roots scanned for images and run through one model on one pool."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    roots: Mapped[list[str]] = mapped_column()
+    pool: Mapped[str] = mapped_column(String(8))
+    batch_size: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    enqueued_complete: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    model: Mapped[ModelRecord] = relationship()
+
+
+class Image(Base):
+    """One image file of a job and its outcome."""
+
+    __tablename__ = "images"
+    __table_args__ = (
+        UniqueConstraint("job_id", "path", name="uq_images_job_path"),
+        Index("ix_images_job_status", "job_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    root_index: Mapped[int] = mapped_column(Integer, default=0)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    mtime: Mapped[float] = mapped_column(Float)
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=ImageStatus.PENDING.value)
+    reason: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    device: Mapped[str | None] = mapped_column(String(32))
+    decode_ms: Mapped[float | None] = mapped_column(Float)
+    infer_ms: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Detection(Base):
+    """One box found in an image by a model, in original image pixels."""
+
+    __tablename__ = "detections"
+    __table_args__ = (
+        UniqueConstraint("image_id", "model_id", "rank", name="uq_detections_image_model_rank"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), index=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    rank: Mapped[int] = mapped_column(Integer)
+    label_id: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(255))
+    score: Mapped[float] = mapped_column(Float)
+    x1: Mapped[float] = mapped_column(Float)
+    y1: Mapped[float] = mapped_column(Float)
+    x2: Mapped[float] = mapped_column(Float)
+    y2: Mapped[float] = mapped_column(Float)

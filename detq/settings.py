@@ -1,0 +1,94 @@
+"""The one place detq reads its configuration: DETQ_* environment variables and an optional .env file."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
+
+Pool = Literal["any", "gpu", "cpu"]
+
+
+class Settings(BaseSettings):
+    """Typed detq settings; every field maps to a DETQ_<NAME> environment variable."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DETQ_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
+
+    data_dir: Path = Field(default=Path(".detq"), description="Where the embedded database and broker live.")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
+    broker_url: str | None = Field(
+        default=None, description="Celery broker URL; default an embedded filesystem broker in data_dir."
+    )
+    model: Path = Field(default=BUNDLED_MODEL, description="Model file workers load and jobs default to.")
+    allowed_roots: str = Field(
+        default="",
+        description="Folders workers may read from, separated by ':' or ','; empty: no extra limit.",
+    )
+    batch_size: int = Field(default=16, ge=1, le=1024, description="Images per queued task.")
+    micro_batch: int = Field(default=8, ge=1, le=256, description="Images per forward pass.")
+    score_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Drop detections below this score (default: the model's)."
+    )
+    max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Larger files are rejected.")
+    task_soft_time_limit: int = Field(
+        default=900, ge=1, description="Seconds before a batch is asked to stop."
+    )
+    task_time_limit: int = Field(
+        default=1200, ge=1, description="Seconds before a batch's process is killed."
+    )
+    visibility_timeout: int = Field(
+        default=3600, ge=1, description="Redis redelivery timeout; must exceed task_time_limit."
+    )
+    broker_polling_interval: float = Field(
+        default=0.05, gt=0, description="Seconds between polls of the embedded filesystem broker."
+    )
+    worker_concurrency: int | None = Field(default=None, ge=1, description="Processes per worker.")
+    log_level: str = Field(default="INFO", description="Worker log level.")
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        """The data dir as an absolute path."""
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to an SQLite file in the data dir."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.resolved_data_dir / 'detq.db'}"
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        """True when the broker is the embedded filesystem transport."""
+        return self.resolved_broker_url.startswith("filesystem://")
+
+    @property
+    def resolved_broker_url(self) -> str:
+        """The broker URL, defaulting to the embedded filesystem broker."""
+        return self.broker_url or "filesystem://"
+
+    @property
+    def broker_dir(self) -> Path:
+        """Folder of the embedded filesystem broker."""
+        return self.resolved_data_dir / "broker"
+
+    @property
+    def allowed_root_paths(self) -> list[Path]:
+        """DETQ_ALLOWED_ROOTS as resolved paths."""
+        parts = self.allowed_roots.replace(",", os.pathsep).split(os.pathsep)
+        return [Path(p).expanduser().resolve() for p in parts if p.strip()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Producer side of detq: scanning folders, creating jobs, enqueueing, exporting; never imports torch."""

@@ -1,0 +1,118 @@
+"""Turn folders into a job: record the model, stream image rows into the ledger, send one task per batch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.repository import (
+    NewImage,
+    create_job,
+    finish_enqueue,
+    get_or_create_model,
+    insert_images,
+)
+from detq.modelfile import file_sha256, read_embedded_meta
+from producer.scan import scan_roots
+from worker.app import TASK_PROCESS_BATCH, queue_for_pool
+
+log = logging.getLogger(__name__)
+
+# Image rows are inserted (and committed) in chunks of this many before their tasks are sent, so the
+# producer's memory stays flat on folders of millions of files and workers start while scanning goes on.
+INSERT_CHUNK = 2000
+
+
+class EnqueueError(ValueError):
+    """The request cannot become a job (missing folder, model, or a root outside the allowed roots)."""
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """A job that was created and queued."""
+
+    job_id: int
+    total: int
+    batches: int
+    model_sha256: str
+
+
+def check_roots(roots: Sequence[Path], allowed_roots: Sequence[Path]) -> list[Path]:
+    """Resolve roots; each must be an existing folder inside the allowed roots when those are set."""
+    resolved = []
+    for root in roots:
+        path = root.expanduser().resolve()
+        if not path.is_dir():
+            raise EnqueueError(f"not a folder: {root}")
+        if allowed_roots and not any(path.is_relative_to(a) for a in allowed_roots):
+            raise EnqueueError(
+                f"{path} is outside DETQ_ALLOWED_ROOTS; workers would reject every image in it"
+            )
+        if path not in resolved:
+            resolved.append(path)
+    if not resolved:
+        raise EnqueueError("no folder given")
+    return resolved
+
+
+def enqueue_folders(
+    factory: sessionmaker[Session],
+    app: Celery,
+    *,
+    roots: Sequence[Path],
+    model_path: Path,
+    pool: str,
+    batch_size: int,
+    recursive: bool = True,
+    allowed_roots: Sequence[Path] = (),
+    on_progress: Callable[[int, int], None] | None = None,
+) -> EnqueueResult:
+    """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids."""
+    queue = queue_for_pool(pool)
+    if batch_size < 1:
+        raise EnqueueError("batch size must be at least 1")
+    resolved = check_roots(roots, allowed_roots)
+    model_file = model_path.expanduser().resolve()
+    if not model_file.is_file():
+        raise EnqueueError(f"model file not found: {model_path}")
+    sha256 = file_sha256(model_file)
+    meta = read_embedded_meta(model_file)
+
+    with factory() as session, session.begin():
+        model = get_or_create_model(
+            session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
+        )
+        job_id = create_job(
+            session, model_id=model.id, roots=[str(r) for r in resolved], pool=pool, batch_size=batch_size
+        ).id
+
+    total = 0
+    batches = 0
+    files = scan_roots(resolved, recursive=recursive)
+    with app.producer_or_acquire() as producer:
+        while chunk := list(islice(files, INSERT_CHUNK)):
+            rows = [NewImage(f.path, f.size_bytes, f.mtime, f.root_index) for f in chunk]
+            with factory() as session, session.begin():
+                ids = insert_images(session, job_id, rows)
+            for start in range(0, len(ids), batch_size):
+                app.send_task(
+                    TASK_PROCESS_BATCH,
+                    args=[job_id, ids[start : start + batch_size]],
+                    queue=queue,
+                    routing_key=queue,
+                    producer=producer,
+                )
+                batches += 1
+            total += len(ids)
+            if on_progress is not None:
+                on_progress(total, batches)
+    with factory() as session, session.begin():
+        finish_enqueue(session, job_id, total)
+    log.info("job %d: %d images in %d batches queued on %r", job_id, total, batches, queue)
+    return EnqueueResult(job_id=job_id, total=total, batches=batches, model_sha256=sha256)

@@ -1,0 +1,133 @@
+"""Export a job's ledger as CSV (one row per detection), JSON lines (one line per image) or COCO JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Any, TextIO
+
+from sqlalchemy.orm import Session
+
+from db.models import Detection, Image, ImageStatus
+from db.repository import get_job, iter_ledger, label_names
+
+FORMATS = ("csv", "jsonl", "coco")
+CSV_COLUMNS = ("job_id", "image_id", "path", "label_id", "label", "score", "x1", "y1", "x2", "y2")
+
+
+def _detection_dict(det: Detection) -> dict[str, Any]:
+    return {
+        "label": det.label,
+        "label_id": det.label_id,
+        "score": round(det.score, 6),
+        "box": [round(det.x1, 2), round(det.y1, 2), round(det.x2, 2), round(det.y2, 2)],
+    }
+
+
+def image_record(image: Image, detections: list[Detection]) -> dict[str, Any]:
+    """The per-image ledger line of the jsonl export."""
+    return {
+        "image_id": image.id,
+        "job_id": image.job_id,
+        "path": image.path,
+        "status": image.status,
+        "reason": image.reason,
+        "width": image.width,
+        "height": image.height,
+        "worker": image.worker,
+        "device": image.device,
+        "attempts": image.attempts,
+        "decode_ms": image.decode_ms,
+        "infer_ms": image.infer_ms,
+        "detections": [_detection_dict(d) for d in detections],
+    }
+
+
+def export_jsonl(session: Session, job_id: int, out: TextIO) -> int:
+    """Write one JSON object per image; returns the number of lines."""
+    lines = 0
+    for image, detections in iter_ledger(session, job_id):
+        out.write(json.dumps(image_record(image, detections), ensure_ascii=False) + "\n")
+        lines += 1
+    return lines
+
+
+def export_csv(session: Session, job_id: int, out: TextIO) -> int:
+    """Write a header and one row per detection; returns the number of rows."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    rows = 0
+    for image, detections in iter_ledger(session, job_id):
+        for det in detections:
+            writer.writerow(
+                [
+                    job_id,
+                    image.id,
+                    image.path,
+                    det.label_id,
+                    det.label,
+                    f"{det.score:.6f}",
+                    f"{det.x1:.2f}",
+                    f"{det.y1:.2f}",
+                    f"{det.x2:.2f}",
+                    f"{det.y2:.2f}",
+                ]
+            )
+            rows += 1
+    return rows
+
+
+def coco_document(session: Session, job_id: int) -> dict[str, Any]:
+    """COCO results: images that finished, categories by label id, annotations with bbox [x, y, w, h]."""
+    job = get_job(session, job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id}")
+    names: dict[int, str] = {}
+    classes = job.model.meta.get("classes") if isinstance(job.model.meta, dict) else None
+    if isinstance(classes, list):
+        names.update({i: str(name) for i, name in enumerate(classes)})
+    names.update(label_names(session, job_id))
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for image, detections in iter_ledger(session, job_id):
+        if image.status != ImageStatus.DONE:
+            continue
+        images.append({"id": image.id, "file_name": image.path, "width": image.width, "height": image.height})
+        for det in detections:
+            w, h = det.x2 - det.x1, det.y2 - det.y1
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image.id,
+                    "category_id": det.label_id,
+                    "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
+                    "area": round(w * h, 2),
+                    "score": round(det.score, 6),
+                    "iscrowd": 0,
+                }
+            )
+    return {
+        "info": {"description": f"detq job {job_id}", "model_sha256": job.model.sha256},
+        "images": images,
+        "categories": [{"id": i, "name": n} for i, n in sorted(names.items())],
+        "annotations": annotations,
+    }
+
+
+def export_coco(session: Session, job_id: int, out: TextIO) -> int:
+    """Write the COCO JSON document; returns the number of annotations."""
+    document = coco_document(session, job_id)
+    json.dump(document, out, ensure_ascii=False)
+    out.write("\n")
+    return len(document["annotations"])
+
+
+def export_job(session: Session, job_id: int, fmt: str, out: TextIO) -> int:
+    """Dispatch on format name."""
+    if fmt == "csv":
+        return export_csv(session, job_id, out)
+    if fmt == "jsonl":
+        return export_jsonl(session, job_id, out)
+    if fmt == "coco":
+        return export_coco(session, job_id, out)
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -1,0 +1,85 @@
+"""A job's state and counts, read from the ledger."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from db.repository import get_job, job_counts
+
+
+class JobNotFound(LookupError):
+    """No job with that id."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What `detq status` reports."""
+
+    job_id: int
+    state: str
+    total: int
+    pending: int
+    done: int
+    failed: int
+    rejected: int
+    detections: int
+    pool: str
+    roots: list[str]
+    model_sha256: str
+    created_at: str
+    finished_at: str | None
+    elapsed_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def _aware(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes even for timezone=True columns; they were written in UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def job_state(*, enqueued_complete: bool, total: int, pending: int, finished: int) -> str:
+    """enqueuing, queued (nothing finished yet), running, or finished."""
+    if not enqueued_complete:
+        return "enqueuing"
+    if pending == 0:
+        return "finished"
+    return "running" if finished > 0 else "queued"
+
+
+def job_status(session: Session, job_id: int) -> JobStatus:
+    """Counts by status and the derived state of one job."""
+    job = get_job(session, job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id}")
+    counts = job_counts(session, job_id)
+    finished = counts.done + counts.failed + counts.rejected
+    created = _aware(job.created_at)
+    end = _aware(job.finished_at) if job.finished_at else datetime.now(UTC)
+    return JobStatus(
+        job_id=job.id,
+        state=job_state(
+            enqueued_complete=job.enqueued_complete,
+            total=counts.total,
+            pending=counts.pending,
+            finished=finished,
+        ),
+        total=counts.total,
+        pending=counts.pending,
+        done=counts.done,
+        failed=counts.failed,
+        rejected=counts.rejected,
+        detections=counts.detections,
+        pool=job.pool,
+        roots=list(job.roots),
+        model_sha256=job.model.sha256,
+        created_at=created.isoformat(),
+        finished_at=_aware(job.finished_at).isoformat() if job.finished_at else None,
+        elapsed_s=round((end - created).total_seconds(), 3),
+    )

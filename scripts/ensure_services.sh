@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Make sure the Redis and PostgreSQL the integration tests use are answering; start them if not.
+set -uo pipefail
+
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+
+if ! redis_up && command -v redis-server >/dev/null; then
+    echo "starting redis-server"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
+fi
+if ! pg_up && command -v pg_ctlcluster >/dev/null; then
+    echo "starting postgresql"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+fi
+for _ in $(seq 1 30); do
+    if redis_up && pg_up; then
+        echo "services: redis and postgresql are up"
+        exit 0
+    fi
+    sleep 1
+done
+echo "services: redis up: $(redis_up && echo yes || echo no); postgresql up: $(pg_up && echo yes || echo no)" >&2
+# Not fatal here: the test fixtures skip locally, and fail under CI=true with the reason.
+exit 0

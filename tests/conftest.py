@@ -1,0 +1,89 @@
+"""Service fixtures: real PostgreSQL and Redis; skip locally when absent, fail under CI=true."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+POSTGRES_ADMIN_URL = os.environ.get(
+    "DETQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("DETQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+def service_missing(name: str, error: BaseException) -> None:
+    """Skip with a reason locally; fail under CI, where every service must be up."""
+    message = f"{name} is not reachable ({type(error).__name__}: {error})"
+    if IN_CI:
+        pytest.fail(f"{message}; CI=true requires it", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> str:
+    """URL of a reachable PostgreSQL server's admin database."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(POSTGRES_ADMIN_URL)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+    except Exception as exc:  # noqa: BLE001 - any failure means the service is unusable
+        service_missing("PostgreSQL", exc)
+    finally:
+        engine.dispose()
+    return POSTGRES_ADMIN_URL
+
+
+@pytest.fixture()
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = f"detq_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture()
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite database file for one test."""
+    return f"sqlite:///{tmp_path / 'detq.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The same test over both supported databases."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture()
+def redis_url() -> Iterator[str]:
+    """A reachable Redis database, flushed before and after the test."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        service_missing("Redis", exc)
+    client.flushdb()
+    try:
+        yield REDIS_URL
+    finally:
+        client.flushdb()
+        client.close()

@@ -1,0 +1,140 @@
+"""Tests of db.migrate: the migration builds exactly the models' schema, also when processes race on it."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import threading
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from db.engine import make_engine
+from db.migrate import current_revision, make_config, upgrade
+from db.models import Base
+
+HEAD = "0001"
+
+
+def schema_differences(url: str) -> list[Any]:
+    """What autogenerate would change to make the database match db.models."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            return list(compare_metadata(context, Base.metadata))
+    finally:
+        engine.dispose()
+
+
+def table_names(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_head_is_the_only_head() -> None:
+    assert ScriptDirectory.from_config(make_config("sqlite://")).get_heads() == [HEAD]
+
+
+def test_upgrade_builds_exactly_the_models_schema(database_url: str) -> None:
+    assert current_revision(database_url) is None
+    upgrade(database_url)
+    assert current_revision(database_url) == HEAD
+    assert schema_differences(database_url) == []
+
+
+def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
+    upgrade(database_url)
+    upgrade(database_url)
+    assert current_revision(database_url) == HEAD
+    assert table_names(database_url) == {"alembic_version", "models", "jobs", "images", "detections"}
+
+
+def test_downgrade_through_alembic_command_then_upgrade_again(database_url: str) -> None:
+    # Given a migrated database, When the Alembic command API downgrades it with only make_config's URL
+    upgrade(database_url)
+    command.downgrade(make_config(database_url), "base")
+    # Then every ledger table is gone, and upgrading rebuilds them
+    assert table_names(database_url) == {"alembic_version"}
+    upgrade(database_url)
+    assert schema_differences(database_url) == []
+
+
+def test_make_config_keeps_percent_signs_in_urls() -> None:
+    url = "postgresql+psycopg://detq:p%40ss%25word@db.example:5432/detq"
+    assert make_config(url).get_main_option("sqlalchemy.url") == url
+
+
+def test_bare_postgresql_url_is_accepted(postgres_url: str) -> None:
+    bare = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    upgrade(bare)
+    assert current_revision(bare) == HEAD
+
+
+def _upgrade_after_barrier(url: str, barrier: Any) -> None:
+    barrier.wait(timeout=30)
+    upgrade(url)
+
+
+def test_concurrent_upgrades_of_one_fresh_sqlite_file_from_three_processes(tmp_path: Path) -> None:
+    # Given a database file that does not exist yet and three processes released at the same moment
+    url = f"sqlite:///{tmp_path / 'fresh' / 'detq.db'}"
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(3)
+    processes = [context.Process(target=_upgrade_after_barrier, args=(url, barrier)) for _ in range(3)]
+    # When each runs upgrade
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    # Then all succeed and the schema is migrated once, completely
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    assert current_revision(url) == HEAD
+    assert schema_differences(url) == []
+
+
+def test_concurrent_upgrades_of_one_fresh_postgresql_database(postgres_url: str) -> None:
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _upgrade_after_barrier(postgres_url, barrier)
+        except BaseException as error:  # noqa: B036 - reported to the main thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert current_revision(postgres_url) == HEAD
+    assert schema_differences(postgres_url) == []
+
+
+def test_sqlite_upgrade_waits_for_the_migration_file_lock(tmp_path: Path) -> None:
+    # Given another process holding <file>.migrate.lock
+    database = tmp_path / "detq.db"
+    url = f"sqlite:///{database}"
+    with open(f"{database}.migrate.lock", "a") as lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+        # When upgrade starts, Then it waits and has not touched the database
+        worker = threading.Thread(target=upgrade, args=(url,))
+        worker.start()
+        worker.join(timeout=0.5)
+        assert worker.is_alive()
+        assert not database.exists()
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+    # And once the lock is released it completes
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert current_revision(url) == HEAD

@@ -1,0 +1,48 @@
+"""Settings: defaults run embedded; DETQ_* variables override; empty values mean the default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detq.settings import BUNDLED_MODEL, Settings
+
+
+def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(_env_file=None)
+    assert settings.resolved_data_dir == tmp_path / ".detq"
+    assert settings.resolved_database_url == f"sqlite:///{tmp_path / '.detq' / 'detq.db'}"
+    assert settings.is_embedded_broker
+    assert settings.model == BUNDLED_MODEL
+    assert settings.allowed_root_paths == []
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DETQ_BROKER_URL", "redis://h:6379/0")
+    monkeypatch.setenv("DETQ_DATABASE_URL", "postgresql://u@h/db")
+    monkeypatch.setenv("DETQ_ALLOWED_ROOTS", f"{tmp_path / 'a'}:{tmp_path / 'b'},{tmp_path / 'c'}")
+    monkeypatch.setenv("DETQ_BATCH_SIZE", "32")
+    monkeypatch.setenv("DETQ_SCORE_THRESHOLD", "")
+    settings = Settings(_env_file=None)
+    assert not settings.is_embedded_broker
+    assert settings.resolved_database_url == "postgresql://u@h/db"
+    assert settings.allowed_root_paths == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    assert settings.batch_size == 32
+    assert settings.score_threshold is None
+
+
+def test_env_file_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Path(__file__).resolve().parents[2] / ".env.example"
+    documented = {line.split("=", 1)[0] for line in example.read_text().splitlines() if line[:5] == "DETQ_"}
+    assert documented == {f"DETQ_{name.upper()}" for name in Settings.model_fields}
+    Settings(_env_file=example)
+
+
+def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("DETQ_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None)

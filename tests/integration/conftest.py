@@ -1,0 +1,28 @@
+"""Deployments for the integration tests: the embedded default, and Redis with PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import Deployment
+
+
+@pytest.fixture(params=["embedded", "redis+postgres"])
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
+    """A fresh detq deployment of each kind, its schema migrated."""
+    data_dir = tmp_path / "data"
+    if request.param == "embedded":
+        return Deployment(data_dir=data_dir)
+    database_url = str(request.getfixturevalue("postgres_url"))
+    broker_url = str(request.getfixturevalue("redis_url"))
+    deployed = Deployment(data_dir=data_dir, database_url=database_url, broker_url=broker_url)
+    deployed.run("db", "upgrade")
+    return deployed
+
+
+@pytest.fixture()
+def embedded(tmp_path: Path) -> Deployment:
+    """The embedded default only: SQLite and the filesystem broker in a data dir."""
+    return Deployment(data_dir=tmp_path / "data")

@@ -1,0 +1,121 @@
+"""Run real `detq` commands and `detq worker` processes for the integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DETQ = [sys.executable, "-m", "producer.cli"]
+READY_MARK = "ready on"
+LOADED_MARK = "detq: loaded model"
+
+
+@dataclass
+class Deployment:
+    """One detq installation: data dir, database, broker and model, as environment variables."""
+
+    data_dir: Path
+    database_url: str | None = None
+    broker_url: str | None = None
+    model: Path | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DETQ_")}
+        env["DETQ_DATA_DIR"] = str(self.data_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.database_url:
+            env["DETQ_DATABASE_URL"] = self.database_url
+        if self.broker_url:
+            env["DETQ_BROKER_URL"] = self.broker_url
+        if self.model:
+            env["DETQ_MODEL"] = str(self.model)
+        env.update(self.extra)
+        return env
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run one detq command; raise with its output when it fails."""
+        done = subprocess.run(
+            [*DETQ, *args], env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            raise AssertionError(
+                f"detq {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+            )
+        return done
+
+    def run_json(self, *args: str, timeout: float = 300) -> Any:
+        """Run a detq command with --json and parse its one JSON line."""
+        return json.loads(self.run(*args, "--json", timeout=timeout).stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class WorkerHandle:
+    """A running `detq worker` and its log."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log().count(text) >= count:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited {self.proc.returncode}:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+        raise AssertionError(
+            f"{text!r} x{count} not seen in the worker log within {timeout} s:\n{self.log()[-4000:]}"
+        )
+
+
+@contextmanager
+def running_worker(
+    deployment: Deployment,
+    *,
+    pool: str = "cpu",
+    concurrency: int = 2,
+    wait_ready: bool = True,
+    name: str = "w",
+) -> Iterator[WorkerHandle]:
+    """Start `detq worker`, wait until every pool process has loaded the model, stop it warmly afterwards."""
+    log_path = deployment.data_dir / f"worker-{name}-{time.monotonic_ns()}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [*DETQ, "worker", "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=deployment.env(),
+            start_new_session=True,
+        )
+    handle = WorkerHandle(proc, log_path)
+    try:
+        if wait_ready:
+            handle.wait_for(READY_MARK, count=concurrency)
+        yield handle
+    finally:
+        stop_worker(handle)
+
+
+def stop_worker(handle: WorkerHandle, timeout: float = 60) -> None:
+    """SIGTERM (Celery warm shutdown), then SIGKILL the whole process group if it hangs."""
+    if handle.proc.poll() is None:
+        handle.proc.send_signal(signal.SIGTERM)
+        try:
+            handle.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(handle.proc.pid, signal.SIGKILL)
+            handle.proc.wait()

@@ -1,0 +1,92 @@
+"""Worker start-up: GPU-saved models on the CPU pool, broken models fail at start, no GPU pool without CUDA,
+and the producer side never imports torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from detq.settings import BUNDLED_MODEL
+from producer.shapes import write_dataset
+from tests.integration.harness import DETQ, LOADED_MARK, Deployment, running_worker
+from tests.support import retag_archive_device
+
+pytestmark = pytest.mark.integration
+
+
+def _detections_by_file(deployment: Deployment, job_id: int) -> dict[str, list[dict[str, object]]]:
+    out = deployment.run("export", str(job_id), "--format", "jsonl").stdout
+    return {Path(r["path"]).name: r["detections"] for r in map(json.loads, out.splitlines())}
+
+
+def test_cuda_saved_model_runs_on_the_cpu_pool(embedded: Deployment, tmp_path: Path) -> None:
+    # Given the demo model re-tagged as if torch.jit.save had run on cuda:0
+    cuda_model = tmp_path / "demo_cuda.pt"
+    assert retag_archive_device(BUNDLED_MODEL, cuda_model) >= 1
+    embedded.model = cuda_model
+    images = tmp_path / "images"
+    write_dataset(images, 8, seed=21)
+    with running_worker(embedded, concurrency=2) as worker:
+        # When the CPU pool starts with it and runs the same folder through it and through the CPU-saved file
+        from_cuda = embedded.run_json("enqueue", str(images), "--model", str(cuda_model), "--wait")
+        from_cpu = embedded.run_json("enqueue", str(images), "--model", str(BUNDLED_MODEL), "--wait")
+        log = worker.log()
+    # Then it loaded on cpu in each process and gives the same detections as the CPU-saved file
+    assert log.count(f"{LOADED_MARK} demo_cuda.pt") == 2
+    assert "on cpu" in log
+    assert from_cuda["done"] == from_cpu["done"] == 8
+    assert from_cuda["detections"] == from_cpu["detections"] > 0
+    assert _detections_by_file(embedded, from_cuda["job_id"]) == _detections_by_file(
+        embedded, from_cpu["job_id"]
+    )
+
+
+def test_broken_model_stops_the_worker_at_start_up(embedded: Deployment, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"definitely not TorchScript")
+    embedded.model = junk
+    done = subprocess.run(
+        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
+        env=embedded.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output
+    assert "could not start" in output
+    assert "cannot load" in output
+
+
+def test_gpu_pool_refuses_to_start_without_cuda(embedded: Deployment) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    done = subprocess.run(
+        [*DETQ, "worker", "--pool", "gpu"], env=embedded.env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3
+    assert "no CUDA device" in done.stderr
+
+
+def test_producer_commands_never_import_torch(embedded: Deployment, tmp_path: Path) -> None:
+    # Given a folder, enqueue and status run in an interpreter that fails if anything imported torch
+    write_dataset(tmp_path / "images", 2, seed=1)
+    script = (
+        "import sys\n"
+        "from producer.cli import main\n"
+        f"assert main(['enqueue', {str(tmp_path / 'images')!r}, '--json']) == 0\n"
+        "assert main(['status', '--json']) == 0\n"
+        "assert main(['export', '1', '--format', 'jsonl']) == 0\n"
+        "assert 'torch' not in sys.modules, 'producer imported torch'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=embedded.env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr

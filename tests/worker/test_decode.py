@@ -1,0 +1,105 @@
+"""Decoding: bounded sizes, EXIF orientation, JPEG draft toward the model size, clear failure reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.support import write_jpeg
+from worker.decode import ImageRejected, ImageUnreadable, decode_image
+
+LIMITS = {"max_pixels": 50_000_000, "max_bytes": 50_000_000}
+
+
+def test_full_decode_without_target_keeps_size(tmp_path: Path) -> None:
+    path = write_jpeg(tmp_path / "a.jpg", (640, 480))
+    decoded = decode_image(path, target_size=None, **LIMITS)
+    assert decoded.image.size == (640, 480)
+    assert (decoded.width, decoded.height) == (640, 480)
+    assert decoded.scale_x == decoded.scale_y == 1.0
+
+
+def test_jpeg_draft_reduces_toward_target_and_reports_scale(tmp_path: Path) -> None:
+    path = write_jpeg(tmp_path / "big.jpg", (4000, 3000))
+    decoded = decode_image(path, target_size=(240, 320), **LIMITS)
+    w, h = decoded.image.size
+    # Given a 320x240 target, draft picks 1/8 scale: 500x375, still at least the target.
+    assert (w, h) == (500, 375)
+    assert (decoded.width, decoded.height) == (4000, 3000)
+    assert decoded.scale_x == pytest.approx(8.0)
+    assert decoded.scale_y == pytest.approx(8.0)
+
+
+def test_png_is_reduced_by_integer_factor(tmp_path: Path) -> None:
+    path = tmp_path / "big.png"
+    Image.new("L", (1200, 900), 128).save(path)
+    decoded = decode_image(path, target_size=(200, 200), **LIMITS)
+    assert decoded.image.mode == "RGB"
+    assert decoded.image.size == (300, 225)
+    assert decoded.scale_x == pytest.approx(4.0)
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    path = tmp_path / "rotated.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise for display
+    Image.new("RGB", (400, 200), (10, 20, 30)).save(path, "JPEG", exif=exif.tobytes())
+    decoded = decode_image(path, target_size=None, **LIMITS)
+    assert (decoded.width, decoded.height) == (200, 400)
+    assert decoded.image.size == (200, 400)
+
+
+def test_exif_orientation_with_draft_keeps_scale_per_axis(tmp_path: Path) -> None:
+    path = tmp_path / "rotated_big.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (1600, 800), (10, 20, 30)).save(path, "JPEG", exif=exif.tobytes())
+    decoded = decode_image(path, target_size=(200, 100), **LIMITS)
+    assert (decoded.width, decoded.height) == (800, 1600)
+    dw, dh = decoded.image.size
+    assert dw >= 100 and dh >= 200
+    assert decoded.scale_x == pytest.approx(800 / dw)
+    assert decoded.scale_y == pytest.approx(1600 / dh)
+
+
+def test_empty_file_fails(tmp_path: Path) -> None:
+    (tmp_path / "e.jpg").write_bytes(b"")
+    with pytest.raises(ImageUnreadable, match="empty file"):
+        decode_image(tmp_path / "e.jpg", target_size=None, **LIMITS)
+
+
+def test_text_file_fails(tmp_path: Path) -> None:
+    (tmp_path / "t.jpg").write_text("hello")
+    with pytest.raises(ImageUnreadable, match="not a recognised image"):
+        decode_image(tmp_path / "t.jpg", target_size=None, **LIMITS)
+
+
+def test_truncated_jpeg_fails(tmp_path: Path) -> None:
+    full = write_jpeg(tmp_path / "full.jpg", (640, 480)).read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(full[: len(full) // 3])
+    with pytest.raises(ImageUnreadable, match="truncated"):
+        decode_image(tmp_path / "cut.jpg", target_size=None, **LIMITS)
+
+
+def test_too_many_pixels_is_rejected_before_decoding(tmp_path: Path) -> None:
+    path = write_jpeg(tmp_path / "wide.jpg", (3000, 2000))
+    with pytest.raises(ImageRejected, match="over the limit"):
+        decode_image(path, target_size=None, max_pixels=1_000_000, max_bytes=10_000_000)
+
+
+def test_decompression_bomb_is_rejected(tmp_path: Path) -> None:
+    # Given a tiny PNG file that claims a huge pixel area (a classic decompression bomb)
+    path = tmp_path / "bomb.png"
+    Image.new("1", (20000, 20000), 0).save(path, optimize=True)
+    assert path.stat().st_size < 200_000
+    # Then it is refused on its header, without decoding 400 megapixels
+    with pytest.raises(ImageRejected):
+        decode_image(path, target_size=None, **LIMITS)
+
+
+def test_file_too_large_is_rejected(tmp_path: Path) -> None:
+    path = write_jpeg(tmp_path / "a.jpg", (64, 64))
+    with pytest.raises(ImageRejected, match="bytes"):
+        decode_image(path, target_size=None, max_pixels=10**8, max_bytes=10)

@@ -1,0 +1,114 @@
+"""Decode an image file with Pillow: bounded size, EXIF orientation, RGB, JPEG draft near the model's size."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# EXIF orientations 5-8 transpose the image: raw width becomes displayed height.
+_TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})
+_EXIF_ORIENTATION_TAG = 0x0112
+
+
+class ImageRejected(Exception):
+    """Policy refuses the image (too large in bytes or pixels)."""
+
+
+class ImageUnreadable(Exception):
+    """The file cannot be decoded as an image (empty, truncated, not an image)."""
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An RGB image ready for the model, with the factors that map its pixels back to the original."""
+
+    image: Image.Image
+    width: int
+    height: int
+    scale_x: float
+    scale_y: float
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        value = img.getexif().get(_EXIF_ORIENTATION_TAG, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not sink a readable image
+        return 1
+    return value if isinstance(value, int) else 1
+
+
+def decode_image(
+    path: Path,
+    *,
+    target_size: tuple[int, int] | None,
+    max_pixels: int,
+    max_bytes: int,
+) -> DecodedImage:
+    """Decode `path` to RGB in its displayed orientation, reduced toward `target_size` (height, width).
+
+    The returned width/height are the original displayed size; scale_x/scale_y convert decoded pixels
+    to original pixels. Raises ImageRejected or ImageUnreadable with a reason.
+    """
+    size = os.stat(path).st_size
+    if size == 0:
+        raise ImageUnreadable("empty file (0 bytes)")
+    if size > max_bytes:
+        raise ImageRejected(f"file is {size} bytes, over the limit of {max_bytes}")
+    try:
+        with warnings.catch_warnings():
+            # We enforce our own pixel limit below, before any pixel is decoded.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise ImageUnreadable("not a recognised image format") from exc
+    except OSError as exc:
+        raise ImageUnreadable(f"cannot open image: {exc}") from exc
+    try:
+        return _decode_opened(img, target_size=target_size, max_pixels=max_pixels)
+    finally:
+        img.close()
+
+
+def _decode_opened(img: Image.Image, *, target_size: tuple[int, int] | None, max_pixels: int) -> DecodedImage:
+    raw_w, raw_h = img.size
+    if raw_w <= 0 or raw_h <= 0:
+        raise ImageUnreadable(f"invalid image size {raw_w}x{raw_h}")
+    if raw_w * raw_h > max_pixels:
+        raise ImageRejected(
+            f"image is {raw_w}x{raw_h} = {raw_w * raw_h} pixels, over the limit of {max_pixels}"
+        )
+    orientation = _orientation(img)
+    transposed = orientation in _TRANSPOSING_ORIENTATIONS
+    width, height = (raw_h, raw_w) if transposed else (raw_w, raw_h)
+    try:
+        if target_size is not None and img.format == "JPEG":
+            target_h, target_w = target_size
+            # draft() picks the largest DCT scale whose result is still at least the requested raw size.
+            want = (target_h, target_w) if transposed else (target_w, target_h)
+            img.draft("RGB", want)
+        img.load()
+        oriented = ImageOps.exif_transpose(img) or img
+        rgb = oriented if oriented.mode == "RGB" else oriented.convert("RGB")
+        if target_size is not None:
+            rgb = _reduce_toward(rgb, target_size)
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(f"decompression bomb: {exc}") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageUnreadable(f"cannot decode image (corrupt or truncated): {exc}") from exc
+    dec_w, dec_h = rgb.size
+    return DecodedImage(image=rgb, width=width, height=height, scale_x=width / dec_w, scale_y=height / dec_h)
+
+
+def _reduce_toward(img: Image.Image, target_size: tuple[int, int]) -> Image.Image:
+    """Shrink by an integer factor while both sides stay at least the target (cheap, box-filtered)."""
+    target_h, target_w = target_size
+    factor = min(img.width // max(target_w, 1), img.height // max(target_h, 1))
+    if factor >= 2:
+        return img.reduce(factor)
+    return img

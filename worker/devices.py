@@ -1,0 +1,68 @@
+"""Choose each pool process's device and thread count; count GPUs without touching CUDA in this process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_PROBE = "import torch\nprint(torch.cuda.device_count() if torch.cuda.is_available() else 0)\n"
+
+
+class NoGpuError(RuntimeError):
+    """A GPU pool was asked for on a host where torch sees no CUDA device."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (affinity-aware)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def probe_cuda_device_count(timeout_s: float = 120.0) -> int:
+    """Count visible CUDA devices in a throwaway subprocess.
+
+    The worker's parent process forks the pool; a CUDA context created before fork() cannot be used in
+    the children ("Cannot re-initialize CUDA in forked subprocess"), so the parent never asks torch itself.
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if done.returncode != 0:
+        return 0
+    try:
+        return int(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
+
+
+def default_concurrency(pool: str, *, cores: int, gpu_count: int) -> int:
+    """One process per GPU for the GPU pool; one per core for the CPU pool."""
+    if pool == "gpu":
+        if gpu_count < 1:
+            raise NoGpuError(
+                "detq worker --pool gpu: torch sees no CUDA device on this host "
+                "(torch.cuda.is_available() is False). Run --pool cpu here, or check the driver and "
+                "CUDA_VISIBLE_DEVICES."
+            )
+        return gpu_count
+    return cores
+
+
+def device_for_process(pool: str, process_index: int, gpu_count: int) -> str:
+    """cuda:<index mod GPUs> for GPU pool processes, cpu otherwise."""
+    if pool == "gpu" and gpu_count > 0:
+        return f"cuda:{process_index % gpu_count}"
+    return "cpu"
+
+
+def threads_per_process(pool: str, *, cores: int, concurrency: int) -> int:
+    """Intra-op threads so that processes x threads = cores on the CPU pool; GPU processes need few."""
+    if pool == "gpu":
+        return max(1, min(4, cores // max(concurrency, 1)))
+    return max(1, cores // max(concurrency, 1))

@@ -1,0 +1,78 @@
+"""Per-process worker state: engine, device and the models loaded in this process, created after fork."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from detq.settings import Settings
+from worker.loading import LoadedModel, ModelLoadError, load_model_for_device
+
+log = logging.getLogger(__name__)
+
+MAX_CACHED_MODELS = 2
+
+
+@dataclass
+class WorkerRuntime:
+    """What one pool process holds for its life: made once in worker_process_init, used by every task."""
+
+    settings: Settings
+    engine: Engine
+    session_factory: sessionmaker[Session]
+    device: str
+    default_model: LoadedModel
+    worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
+    model_loads: int = 1
+
+    def __post_init__(self) -> None:
+        self.models[self.default_model.sha256] = self.default_model
+
+    def model_for(self, sha256: str, path: str) -> LoadedModel:
+        """The model with this sha256, loading it once from `path` when a job names another model."""
+        cached = self.models.get(sha256)
+        if cached is not None:
+            self.models.move_to_end(sha256)
+            return cached
+        candidate = Path(path)
+        if not candidate.is_file():
+            raise ModelLoadError(
+                f"job's model {sha256[:12]} ({path}) is not on host {socket.gethostname()}; "
+                "copy it there or run this job on workers that have it"
+            )
+        loaded = load_model_for_device(candidate, self.device)
+        if loaded.sha256 != sha256:
+            raise ModelLoadError(f"{path} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}")
+        self.model_loads += 1
+        self.models[sha256] = loaded
+        while len(self.models) > MAX_CACHED_MODELS:
+            oldest = next(iter(self.models))
+            if oldest == self.default_model.sha256:
+                self.models.move_to_end(oldest)
+                oldest = next(iter(self.models))
+            del self.models[oldest]
+        return loaded
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def set_runtime(runtime: WorkerRuntime) -> None:
+    """Install this process's runtime (called once, after fork)."""
+    global _runtime
+    _runtime = runtime
+
+
+def get_runtime() -> WorkerRuntime:
+    """This process's runtime; tasks fail loudly if the process never initialised."""
+    if _runtime is None:
+        raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
+    return _runtime
