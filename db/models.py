@@ -51,9 +51,10 @@ class ModelRecord(Base):
     """A model file, identified by the sha256 of its bytes."""
 
     __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("sha256", name="uq_models_sha256"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    sha256: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     meta: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -116,7 +117,8 @@ class Detection(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), index=True)
+    # No index of its own: uq_detections_image_model_rank leads with image_id.
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"))
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     rank: Mapped[int] = mapped_column(Integer)
     label_id: Mapped[int] = mapped_column(Integer)

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     broker_polling_interval: float = Field(
         default=0.05, gt=0, description="Seconds between polls of the embedded filesystem broker."
     )
+    decode_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Decode threads per process (default: 1 on cpu, cores/GPUs on gpu).",
+    )
     worker_concurrency: int | None = Field(default=None, ge=1, description="Processes per worker.")
     log_level: str = Field(default="INFO", description="Worker log level.")
 

@@ -100,7 +100,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             batch_size=args.batch_size or settings.batch_size,
             recursive=not args.no_recursive,
             allowed_roots=settings.allowed_root_paths,
+            on_progress=_scan_progress if sys.stderr.isatty() and not args.json else None,
         )
+        if sys.stderr.isatty() and not args.json:
+            sys.stderr.write("\r\x1b[2K")
         payload: dict[str, object] = {
             "job_id": result.job_id,
             "total": result.total,
@@ -120,6 +123,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     finally:
         engine.dispose()
+
+
+def _scan_progress(images: int, batches: int) -> None:
+    sys.stderr.write(f"\r\x1b[2Kscanning: {images} images queued in {batches} batches")
+    sys.stderr.flush()
 
 
 def _poller(factory: sessionmaker[Session], job_id: int) -> Callable[[], JobStatus]:

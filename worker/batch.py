@@ -16,7 +16,7 @@ from db.models import ImageStatus
 from db.repository import ImageResult, PendingImage, get_job, load_images, record_results
 from worker.adapters import to_detection_rows
 from worker.decode import DecodedImage, ImageRejected, ImageUnreadable, decode_image
-from worker.inference import run_model
+from worker.inference import InferenceOutcome, run_model
 from worker.loading import LoadedModel, ModelLoadError
 from worker.paths import PathRejected, resolve_confined
 from worker.runtime import WorkerRuntime
@@ -79,7 +79,6 @@ def _prepare(
 ) -> DecodedImage | ImageResult:
     """Decode one image or say why it ends here."""
     settings = runtime.settings
-    began = time.perf_counter()
     try:
         if not 0 <= image.root_index < len(roots):
             raise PathRejected(f"image names root #{image.root_index}, the job has {len(roots)}")
@@ -99,58 +98,83 @@ def _prepare(
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=reason)
     except OSError as exc:
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=f"cannot read file: {exc}")
-    finally:
-        log.debug("prepared image %d in %.1f ms", image.id, (time.perf_counter() - began) * 1000)
 
 
 def detect_images(
     runtime: WorkerRuntime, model: LoadedModel, images: Sequence[PendingImage], roots: list[str]
 ) -> list[ImageResult]:
-    """Results for every image given, good or bad, in input order."""
-    results: dict[int, ImageResult] = {}
-    decoded: list[tuple[PendingImage, DecodedImage, float]] = []
-    for image in images:
-        began = time.perf_counter()
-        prepared = _prepare(runtime, model, image, roots)
-        if isinstance(prepared, ImageResult):
-            results[image.id] = prepared
-        else:
-            decoded.append((image, prepared, (time.perf_counter() - began) * 1000))
+    """Results for every image given, good or bad, in input order.
+
+    With decode threads, images are decoded ahead in the background while the model runs on the
+    micro-batch already decoded (Pillow releases the GIL while decoding).
+    """
     threshold = runtime.settings.score_threshold
     if threshold is None:
         threshold = model.meta.score_threshold
-    outcomes = run_model(model, [d.image for _, d, _ in decoded], runtime.settings.micro_batch)
-    for (image, dec, decode_ms), outcome in zip(decoded, outcomes, strict=True):
-        if outcome.detections is None:
-            results[image.id] = ImageResult(
-                image_id=image.id,
-                status=ImageStatus.FAILED,
-                reason=outcome.error,
-                width=dec.width,
-                height=dec.height,
-                decode_ms=decode_ms,
-                infer_ms=outcome.infer_ms,
-            )
+    results: dict[int, ImageResult] = {}
+    chunk: list[tuple[PendingImage, DecodedImage, float]] = []
+
+    def prepare(image: PendingImage) -> tuple[DecodedImage | ImageResult, float]:
+        began = time.perf_counter()
+        prepared = _prepare(runtime, model, image, roots)
+        return prepared, (time.perf_counter() - began) * 1000
+
+    def flush() -> None:
+        outcomes = run_model(model, [d.image for _, d, _ in chunk], len(chunk))
+        for (image, dec, decode_ms), outcome in zip(chunk, outcomes, strict=True):
+            results[image.id] = _result_for(image, dec, decode_ms, outcome, model, threshold)
+        chunk.clear()
+
+    executor = runtime.decode_executor
+    prepared_all = executor.map(prepare, images) if executor is not None else map(prepare, images)
+    for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
+        if isinstance(prepared, ImageResult):
+            results[image.id] = prepared
             continue
-        rows = to_detection_rows(
-            outcome.detections,
-            scale_x=dec.scale_x,
-            scale_y=dec.scale_y,
-            width=dec.width,
-            height=dec.height,
-            meta=model.meta,
-            score_threshold=threshold,
-        )
-        results[image.id] = ImageResult(
+        chunk.append((image, prepared, decode_ms))
+        if len(chunk) >= runtime.settings.micro_batch:
+            flush()
+    if chunk:
+        flush()
+    return [results[image.id] for image in images]
+
+
+def _result_for(
+    image: PendingImage,
+    dec: DecodedImage,
+    decode_ms: float,
+    outcome: InferenceOutcome,
+    model: LoadedModel,
+    threshold: float | None,
+) -> ImageResult:
+    if outcome.detections is None:
+        return ImageResult(
             image_id=image.id,
-            status=ImageStatus.DONE,
+            status=ImageStatus.FAILED,
+            reason=outcome.error,
             width=dec.width,
             height=dec.height,
-            detections=rows,
             decode_ms=decode_ms,
             infer_ms=outcome.infer_ms,
         )
-    return [results[image.id] for image in images]
+    rows = to_detection_rows(
+        outcome.detections,
+        scale_x=dec.scale_x,
+        scale_y=dec.scale_y,
+        width=dec.width,
+        height=dec.height,
+        meta=model.meta,
+        score_threshold=threshold,
+    )
+    return ImageResult(
+        image_id=image.id,
+        status=ImageStatus.DONE,
+        width=dec.width,
+        height=dec.height,
+        detections=rows,
+        decode_ms=decode_ms,
+        infer_ms=outcome.infer_ms,
+    )
 
 
 def process_batch(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> BatchReport:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery.signals import worker_process_init
@@ -18,6 +19,7 @@ from detq.settings import Settings
 from worker.app import QUEUES_BY_POOL, make_celery_app
 from worker.devices import (
     NoGpuError,
+    decode_threads_per_process,
     default_concurrency,
     device_for_process,
     probe_cuda_device_count,
@@ -33,11 +35,14 @@ EXIT_STARTUP_FAILED = 3
 class _ProcessPlan:
     """What each forked pool process needs to set itself up; built in the parent before the fork."""
 
-    def __init__(self, settings: Settings, pool: str, gpu_count: int, threads: int) -> None:
+    def __init__(
+        self, settings: Settings, pool: str, gpu_count: int, threads: int, decode_threads: int
+    ) -> None:
         self.settings = settings
         self.pool = pool
         self.gpu_count = gpu_count
         self.threads = threads
+        self.decode_threads = decode_threads
         # Shared memory inherited through fork: a child that cannot load the model flags it here, so the
         # parent exits non-zero instead of respawning children that fail the same way forever.
         self.failed = multiprocessing.RawValue(ctypes.c_int, 0)
@@ -76,14 +81,20 @@ def _init_pool_process(**_: Any) -> None:
                 session_factory=make_session_factory(engine),
                 device=device,
                 default_model=model,
+                decode_executor=(
+                    ThreadPoolExecutor(plan.decode_threads, thread_name_prefix="decode")
+                    if plan.decode_threads > 1
+                    else None
+                ),
             )
         )
         log.info(
-            "detq: pool process %d (pid %d) ready on %s with %d intra-op threads",
+            "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads",
             index,
             os.getpid(),
             device,
             plan.threads,
+            plan.decode_threads,
         )
     except Exception as exc:  # noqa: BLE001 - any start-up failure must stop the whole worker
         log.critical("detq: pool process %d could not start: %s", os.getpid(), exc)
@@ -114,7 +125,8 @@ def run_worker(
     processes = concurrency or settings.worker_concurrency or default
     ensure_schema(settings.resolved_database_url)
     threads = threads_per_process(pool, cores=cores, concurrency=processes)
-    _plan = _ProcessPlan(settings, pool, gpu_count, threads)
+    decoders = settings.decode_threads or decode_threads_per_process(pool, cores=cores, concurrency=processes)
+    _plan = _ProcessPlan(settings, pool, gpu_count, threads, decoders)
     worker_process_init.connect(_init_pool_process, weak=False)
 
     from worker.tasks import register_tasks
@@ -125,7 +137,8 @@ def run_worker(
     node = hostname or f"{pool}-{os.getpid()}@{socket.gethostname()}"
     print(
         f"detq worker: pool={pool} queues={','.join(queues)} processes={processes} threads/process={threads} "
-        f"gpus={gpu_count} model={settings.model} broker={_redact(settings.resolved_broker_url)}",
+        f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
+        f"broker={_redact(settings.resolved_broker_url)}",
         file=sys.stderr,
         flush=True,
     )

@@ -66,3 +66,10 @@ def threads_per_process(pool: str, *, cores: int, concurrency: int) -> int:
     if pool == "gpu":
         return max(1, min(4, cores // max(concurrency, 1)))
     return max(1, cores // max(concurrency, 1))
+
+
+def decode_threads_per_process(pool: str, *, cores: int, concurrency: int) -> int:
+    """GPU processes decode on several threads to keep the GPU fed; CPU processes already fill every core."""
+    if pool == "gpu":
+        return max(1, min(8, cores // max(concurrency, 1)))
+    return 1

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class WorkerRuntime:
     worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
     model_loads: int = 1
+    decode_executor: ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
         self.models[self.default_model.sha256] = self.default_model

@@ -34,7 +34,7 @@ def upgrade() -> None:
         sa.Column("meta", sa.JSON(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("sha256"),
+        sa.UniqueConstraint("sha256", name="uq_models_sha256"),
     )
     op.create_table(
         "jobs",
@@ -93,12 +93,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("image_id", "model_id", "rank", name="uq_detections_image_model_rank"),
     )
-    op.create_index("ix_detections_image_id", "detections", ["image_id"])
 
 
 def downgrade() -> None:
     """Drop everything, children first."""
-    op.drop_index("ix_detections_image_id", table_name="detections")
     op.drop_table("detections")
     op.drop_index("ix_images_job_status", table_name="images")
     op.drop_table("images")
