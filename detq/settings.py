@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         """The broker URL, defaulting to the embedded filesystem broker."""
-        return self.broker_url or "filesystem://"
+        # kombu warns "No hostname was supplied" for a bare filesystem:// URL; the host part is ignored.
+        return self.broker_url or "filesystem://localhost/"
 
     @property
     def broker_dir(self) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,12 @@ def load_model_for_device(path: Path, device: str, *, sha256: str | None = None)
     try:
         # map_location: tensors saved on cuda:N are remapped to this process's device. Without it a
         # GPU-saved file fails on a CPU host ("Could not run 'aten::empty_strided' ... 'CUDA' backend").
-        module = torch.jit.load(str(path), map_location=target, _extra_files=extra)  # type: ignore[no-untyped-call]
+        with warnings.catch_warnings():
+            # torch 2.14 marks TorchScript deprecated; loading users' existing TorchScript files is the job.
+            warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
+            module = torch.jit.load(  # type: ignore[no-untyped-call]
+                str(path), map_location=target, _extra_files=extra
+            )
     except Exception as exc:
         raise ModelLoadError(f"cannot load {path} as TorchScript on {target}: {exc}") from exc
     module.eval()
