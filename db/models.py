@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 models of the ledger: models, jobs, images and detections."""
+"""SQLAlchemy 2.0 models of the ledger: models, jobs, images, detections, and the scheduler's state."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ class Job(Base):
     """One enqueue: a set of roots scanned for images and run through one model on one pool."""
 
     __tablename__ = "jobs"
+    # One job per scheduled run: two schedulers racing on the same tick cannot both insert it. NULLs are
+    # distinct in both databases, so jobs enqueued by hand never collide.
+    __table_args__ = (Index("uq_jobs_schedule_run", "schedule_name", "scheduled_for", unique=True),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
@@ -77,6 +80,14 @@ class Job(Base):
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set on scheduled runs (issue 4): the schedule and the cron time this run is for, in UTC.
+    schedule_name: Mapped[str | None] = mapped_column(String(255))
+    scheduled_for: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set on incremental enqueues (scheduled runs, `enqueue --only-new`): what the scan found.
+    new_images: Mapped[int | None] = mapped_column(Integer)
+    changed_images: Mapped[int | None] = mapped_column(Integer)
+    retried_images: Mapped[int | None] = mapped_column(Integer)
+    skipped_images: Mapped[int | None] = mapped_column(Integer)
 
     model: Mapped[ModelRecord] = relationship()
 
@@ -88,6 +99,8 @@ class Image(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "path", name="uq_images_job_path"),
         Index("ix_images_job_status", "job_id", "status"),
+        # Incremental scans look up a file's earlier outcomes by path (producer/incremental.py).
+        Index("ix_images_path", "path"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -128,3 +141,24 @@ class Detection(Base):
     y1: Mapped[float] = mapped_column(Float)
     x2: Mapped[float] = mapped_column(Float)
     y2: Mapped[float] = mapped_column(Float)
+
+
+class ScheduleState(Base):
+    """What the scheduler remembers of one schedule: when it first saw it and the last run it made."""
+
+    __tablename__ = "schedule_state"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    first_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_scheduled_for: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SchedulerLease(Base):
+    """The lock that makes one `detq scheduler` active: held by owner until expires_at unless renewed."""
+
+    __tablename__ = "scheduler_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -37,6 +37,18 @@ class Settings(BaseSettings):
     score_threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Drop detections below this score (default: the model's)."
     )
+    model_format: Literal["torchvision", "yolov5", "yolov8", "boxes"] | None = Field(
+        default=None, description="Override the model's output format (default: its metadata, else guessed)."
+    )
+    input_size: str | None = Field(
+        default=None, description="Override the model's input size: 'H,W' or one number for a square."
+    )
+    iou_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Override the NMS IoU threshold of YOLO outputs (0.7)."
+    )
+    max_detections: int | None = Field(
+        default=None, ge=1, description="Override the detections kept per image of YOLO outputs (300)."
+    )
     max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Larger files are rejected.")
     task_soft_time_limit: int = Field(
@@ -59,6 +71,27 @@ class Settings(BaseSettings):
     )
     worker_concurrency: int | None = Field(default=None, ge=1, description="Processes per worker.")
     log_level: str = Field(default="INFO", description="Worker log level.")
+    schedules_file: Path | None = Field(
+        default=None, description="TOML file of schedules for `detq scheduler` (docs/scheduling.md)."
+    )
+    schedule_name: str = Field(default="default", description="Name of the schedule of DETQ_SCHEDULE_*.")
+    schedule_folder: Path | None = Field(
+        default=None, description="Folder of a single schedule given in the environment."
+    )
+    schedule_cron: str | None = Field(
+        default=None, description="Cron of that schedule: 5 fields, or 6 with seconds first."
+    )
+    schedule_timezone: str = Field(default="UTC", description="Time zone the schedule's cron is read in.")
+    schedule_pool: Pool = Field(default="any", description="Pool the environment schedule's runs go to.")
+    max_retries: int = Field(
+        default=2, ge=0, le=100, description="Later runs that retry an image that failed, before giving up."
+    )
+    scheduler_lease_seconds: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600,
+        description="Scheduler lease: renewed every third of it; a standby takes over once it runs out.",
+    )
 
     @property
     def resolved_data_dir(self) -> Path:

@@ -18,7 +18,9 @@ from db.repository import (
     get_or_create_model,
     insert_images,
 )
+from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
 from detq.modelfile import file_sha256, read_embedded_meta
+from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.scan import scan_roots
 from worker.app import TASK_PROCESS_BATCH, queue_for_pool
 
@@ -33,6 +35,10 @@ class EnqueueError(ValueError):
     """The request cannot become a job (missing folder, model, or a root outside the allowed roots)."""
 
 
+class RunAlreadyClaimed(Exception):
+    """The scheduled run of this key already has a job (another scheduler, or a redelivered message)."""
+
+
 @dataclass(frozen=True)
 class EnqueueResult:
     """A job that was created and queued."""
@@ -41,6 +47,7 @@ class EnqueueResult:
     total: int
     batches: int
     model_sha256: str
+    counts: RunCounts | None = None  # what an incremental (only_new) scan found
 
 
 def check_roots(roots: Sequence[Path], allowed_roots: Sequence[Path]) -> list[Path]:
@@ -72,8 +79,16 @@ def enqueue_folders(
     recursive: bool = True,
     allowed_roots: Sequence[Path] = (),
     on_progress: Callable[[int, int], None] | None = None,
+    only_new: bool = False,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    run_key: RunKey | None = None,
 ) -> EnqueueResult:
-    """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids."""
+    """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
+
+    only_new queues only files new or changed since this model last processed them, and earlier failures
+    up to max_retries (producer/incremental.py). run_key makes the job a scheduled run, created only if no
+    job has that key yet (else RunAlreadyClaimed).
+    """
     queue = queue_for_pool(pool)
     if batch_size < 1:
         raise EnqueueError("batch size must be at least 1")
@@ -88,17 +103,32 @@ def enqueue_folders(
         model = get_or_create_model(
             session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
         )
-        job_id = create_job(
-            session, model_id=model.id, roots=[str(r) for r in resolved], pool=pool, batch_size=batch_size
-        ).id
+        model_id, roots_text = model.id, [str(r) for r in resolved]
+        if run_key is None:
+            job_id = create_job(
+                session, model_id=model_id, roots=roots_text, pool=pool, batch_size=batch_size
+            ).id
+        else:
+            claimed = claim_run(
+                session, run_key, model_id=model_id, roots=roots_text, pool=pool, batch_size=batch_size
+            )
+            if claimed is None:
+                raise RunAlreadyClaimed(
+                    f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job"
+                )
+            job_id = claimed
 
     total = 0
     batches = 0
+    tally = Tally() if only_new else None
     files = scan_roots(resolved, recursive=recursive)
     with app.producer_or_acquire() as producer:
         while chunk := list(islice(files, INSERT_CHUNK)):
-            rows = [NewImage(f.path, f.size_bytes, f.mtime, f.root_index) for f in chunk]
             with factory() as session, session.begin():
+                if tally is not None:
+                    # Looked up in the insert's transaction: on SQLite no other run's rows slip in between.
+                    chunk = select_files(session, model_id, chunk, max_retries, tally)
+                rows = [NewImage(f.path, f.size_bytes, f.mtime, f.root_index) for f in chunk]
                 ids = insert_images(session, job_id, rows)
             for start in range(0, len(ids), batch_size):
                 app.send_task(
@@ -112,7 +142,10 @@ def enqueue_folders(
             total += len(ids)
             if on_progress is not None:
                 on_progress(total, batches)
+    counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
+        if counts is not None:
+            set_run_counts(session, job_id, counts)
         finish_enqueue(session, job_id, total)
     log.info("job %d: %d images in %d batches queued on %r", job_id, total, batches, queue)
-    return EnqueueResult(job_id=job_id, total=total, batches=batches, model_sha256=sha256)
+    return EnqueueResult(job_id=job_id, total=total, batches=batches, model_sha256=sha256, counts=counts)

@@ -99,3 +99,184 @@ def write_corrupt_folder(folder: Path, outside: Path) -> dict[str, str]:
     os.symlink(secret, folder / "escape.jpg")
     expected["escape.jpg"] = "rejected"
     return expected
+
+
+YOLO_NAMES = {"0": "cat", "1": "dog"}
+
+
+def _save_scripted_constant_output(path: Path, pred: Any, extra: dict[str, str]) -> Path:
+    """A scripted model that takes [B, 3, H, W] and returns `pred` ([1, A, C]) repeated per image."""
+    import torch
+
+    class ConstantHead(torch.nn.Module):
+        def __init__(self, value: torch.Tensor) -> None:
+            super().__init__()
+            self.register_buffer("pred", value)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.pred.expand(x.shape[0], -1, -1).clone()
+            return out + x.mean() * 0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(ConstantHead(pred).eval())
+        torch.jit.save(scripted, str(path), _extra_files=extra)
+    return path
+
+
+def ultralytics_config(imgsz: list[int], *, nms: bool = False) -> str:
+    """config.txt as Ultralytics' TorchScript exporter writes it (names keys are strings after JSON)."""
+    return json.dumps(
+        {
+            "description": "Ultralytics YOLO11n model",
+            "author": "Ultralytics",
+            "version": "8.3.0",
+            "stride": 32,
+            "task": "detect",
+            "batch": 1,
+            "imgsz": imgsz,
+            "names": YOLO_NAMES,
+            "args": {"batch": 1, "half": False, "nms": nms, "dynamic": False},
+            "channels": 3,
+        }
+    )
+
+
+def save_yolov8_like(path: Path) -> Path:
+    """[1, 4 + 2, 3]: a dog at cx 320 cy 300 w 100 h 60 (0.9), a weaker duplicate (NMS), one below conf."""
+    import torch
+
+    pred = torch.tensor(
+        [
+            [320.0, 322.0, 100.0],  # cx
+            [300.0, 302.0, 100.0],  # cy
+            [100.0, 100.0, 50.0],  # w
+            [60.0, 60.0, 50.0],  # h
+            [0.1, 0.05, 0.2],  # cat
+            [0.9, 0.6, 0.1],  # dog
+        ]
+    ).unsqueeze(0)
+    return _save_scripted_constant_output(path, pred, {"config.txt": ultralytics_config([640, 640])})
+
+
+def save_yolov5_like(path: Path) -> Path:
+    """[1, 2, 5 + 2]: a dog scored obj 0.9 x cls 0.8 = 0.72, and a row under the objectness threshold."""
+    import torch
+
+    pred = torch.tensor(
+        [[320.0, 300.0, 100.0, 60.0, 0.9, 0.2, 0.8], [100.0, 100.0, 20.0, 20.0, 0.1, 0.9, 0.9]]
+    ).unsqueeze(0)
+    config = json.dumps({"shape": [1, 3, 640, 640], "stride": 32, "names": ["cat", "dog"]})
+    return _save_scripted_constant_output(path, pred, {"config.txt": config})
+
+
+def save_final_boxes(path: Path) -> Path:
+    """[1, 4, 6] final boxes in 640x640 input pixels: one cat at 270,270-370,330 (0.88), padded rows of 0."""
+    import torch
+
+    pred = torch.zeros(1, 4, 6)
+    pred[0, 0] = torch.tensor([270.0, 270.0, 370.0, 330.0, 0.88, 0.0])
+    meta = {"format": "boxes", "classes": ["cat", "dog"], "input_size": [640, 640]}
+    return _save_scripted_constant_output(path, pred, {"detq.json": json.dumps(meta)})
+
+
+def save_exported_boxes(path: Path) -> Path:
+    """A torch.export program (.pt2), batch 1, 64x64 stretched input, one dog at 16,16-48,32 (0.77)."""
+    import torch
+
+    class Boxes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(x.shape[0], 2, 6, device=x.device)
+            out[:, 0, :4] = torch.tensor([16.0, 16.0, 48.0, 32.0], device=x.device)
+            out[:, 0, 4] = 0.77
+            out[:, 0, 5] = 1.0
+            return out + x.mean() * 0
+
+    meta = {"format": "boxes", "classes": ["cat", "dog"], "input_size": [64, 64], "letterbox": False}
+    program = torch.export.export(Boxes(), (torch.zeros(1, 3, 64, 64),))
+    torch.export.save(program, str(path), extra_files={"detq.json": json.dumps(meta)})
+    return path
+
+
+def save_traced_with_baked_device(path: Path, device: str = "cuda:0") -> Path:
+    """A traced final-boxes model whose graph carries torch.device(<device>) as a constant.
+
+    Tracing `torch.arange(n, device=x.device)` on a GPU records cuda:0; here we trace on the CPU and
+    rewrite the archive's code the same way."""
+    import torch
+
+    class Traced(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            n = x.shape[0]
+            rows = torch.arange(2, device=x.device).float()
+            out = torch.zeros(n, 2, 6, device=x.device)
+            out[:, :, 0] = 10.0 + rows
+            out[:, :, 1] = 10.0
+            out[:, :, 2] = 30.0
+            out[:, :, 3] = 30.0
+            out[:, :, 4] = 0.8 - rows * 0.5
+            return out + x.mean() * 0
+
+    meta = {"format": "boxes", "classes": ["thing"], "input_size": [64, 64], "letterbox": False}
+    plain = path.with_suffix(".cpu.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(Traced(), torch.zeros(1, 3, 64, 64))
+        torch.jit.save(traced, str(plain), _extra_files={"detq.json": json.dumps(meta)})
+    target = f'torch.device("{device}")'.encode()
+    with zipfile.ZipFile(plain) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            if info.filename.endswith(".debug_pkl"):  # source ranges of the original text; optional
+                continue
+            data = zin.read(info)
+            if "/code/" in info.filename and info.filename.endswith(".py"):
+                data = data.replace(b'torch.device("cpu")', target)
+            zout.writestr(info, data)
+    plain.unlink()
+    return path
+
+
+def save_torchvision_detector(path: Path, name: str) -> Path:
+    """A scripted torchvision detector built with weights=None (no download), saved as on this host."""
+    import torch
+    from torchvision.models import detection
+
+    builders = {
+        "ssdlite": detection.ssdlite320_mobilenet_v3_large,
+        "fasterrcnn": detection.fasterrcnn_mobilenet_v3_large_320_fpn,
+    }
+    torch.manual_seed(0)
+    model = builders[name](weights=None, weights_backbone=None).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(model), str(path))
+    return path
+
+
+def write_png(path: Path, size: tuple[int, int]) -> Path:
+    """A noisy PNG of (width, height): no JPEG draft, so decoded pixels are the original pixels."""
+    Image.effect_noise(size, 30).convert("RGB").save(path)
+    return path
+
+
+def letterbox_expectation(
+    box: tuple[float, float, float, float], size: tuple[int, int], dst: tuple[int, int] = (640, 640)
+) -> list[float]:
+    """Hand-computed Ultralytics letterbox inverse of a box in dst (w, h) input pixels to a (w, h) image."""
+    (w0, h0), (dw, dh) = size, dst
+    r = min(dh / h0, dw / w0)
+    new_w, new_h = round(w0 * r), round(h0 * r)
+    left, top = round((dw - new_w) / 2 - 0.1), round((dh - new_h) / 2 - 0.1)
+    x1, y1, x2, y2 = box
+    out = [
+        (x1 - left) * w0 / new_w,
+        (y1 - top) * h0 / new_h,
+        (x2 - left) * w0 / new_w,
+        (y2 - top) * h0 / new_h,
+    ]
+    return [
+        min(max(out[0], 0), w0),
+        min(max(out[1], 0), h0),
+        min(max(out[2], 0), w0),
+        min(max(out[3], 0), h0),
+    ]

@@ -21,7 +21,24 @@ def services() -> dict[str, Any]:
 
 
 def test_expected_services(services: dict[str, Any]) -> None:
-    assert {"redis", "postgres", "migrate", "worker-cpu", "worker-gpu", "flower"} <= services.keys()
+    assert {
+        "redis",
+        "postgres",
+        "migrate",
+        "worker-cpu",
+        "worker-gpu",
+        "flower",
+        "scheduler",
+    } <= services.keys()
+
+
+def test_one_scheduler_with_its_schedules_file(services: dict[str, Any]) -> None:
+    scheduler = services["scheduler"]
+    assert scheduler["command"] == ["detq", "scheduler"]
+    assert scheduler["deploy"]["replicas"] == 1
+    assert scheduler["environment"]["DETQ_SCHEDULES_FILE"] == "/etc/detq/schedules.toml"
+    assert scheduler["environment"]["DETQ_DATABASE_URL"].startswith("postgresql://")
+    assert scheduler["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
 def test_redis_persists_and_never_evicts(services: dict[str, Any]) -> None:

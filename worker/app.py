@@ -17,6 +17,10 @@ QUEUES_BY_POOL: dict[str, tuple[str, ...]] = {
     "cpu": (QUEUE_CPU, QUEUE_ANY),
 }
 TASK_PROCESS_BATCH = "detq.process_batch"
+# `detq scheduler` alone consumes the control queue: beat sends it one scheduled run at a time, and the
+# task (producer/control.py) scans and enqueues without torch. Inference workers never listen to it.
+QUEUE_CONTROL = "control"
+TASK_SCHEDULED_RUN = "detq.scheduled_run"
 
 # Loading a large model (and its warm-up) in worker_process_init can take far longer than Celery's
 # default 4 s worker_proc_alive_timeout, after which the pool kills the child as hung.

@@ -85,7 +85,7 @@ def _prepare(
         path = resolve_confined(image.path, roots[image.root_index], settings.allowed_root_paths)
         return decode_image(
             Path(path),
-            target_size=model.meta.input_size,
+            target_size=model.decode_target,
             max_pixels=settings.max_image_pixels,
             max_bytes=settings.max_file_bytes,
         )
@@ -108,9 +108,7 @@ def detect_images(
     With decode threads, images are decoded ahead in the background while the model runs on the
     micro-batch already decoded (Pillow releases the GIL while decoding).
     """
-    threshold = runtime.settings.score_threshold
-    if threshold is None:
-        threshold = model.meta.score_threshold
+    threshold = model.meta.score_threshold  # settings and CLI overrides are already folded in
     results: dict[int, ImageResult] = {}
     chunk: list[tuple[PendingImage, DecodedImage, float]] = []
 

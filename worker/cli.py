@@ -63,7 +63,7 @@ def _init_pool_process(**_: Any) -> None:
 
         from db.engine import make_engine, make_session_factory
         from worker.loading import load_model_for_device
-        from worker.runtime import WorkerRuntime, set_runtime
+        from worker.runtime import WorkerRuntime, meta_overrides, set_runtime
 
         index = int(getattr(current_process(), "index", 0) or 0)
         device = device_for_process(plan.pool, index, plan.gpu_count)
@@ -71,7 +71,7 @@ def _init_pool_process(**_: Any) -> None:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         Image.MAX_IMAGE_PIXELS = plan.settings.max_image_pixels
-        model = load_model_for_device(plan.settings.model, device)
+        model = load_model_for_device(plan.settings.model, device, overrides=meta_overrides(plan.settings))
         # A fresh engine per child: pooled connections must never cross a fork.
         engine = make_engine(plan.settings.resolved_database_url)
         set_runtime(

@@ -6,44 +6,41 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from PIL import Image
 
-from worker.adapters import RawDetections, parse_torchvision_output
+from worker.adapters import RawDetections
+from worker.formats import to_source_pixels
 from worker.loading import LoadedModel
 
 
 @dataclass(frozen=True)
 class InferenceOutcome:
-    """Per image: detections, or the error that made its forward fail; plus its share of compute time."""
+    """Per image: detections in decoded-image pixels, or why its forward failed; plus its share of compute."""
 
     detections: RawDetections | None
     error: str | None
     infer_ms: float
 
 
-def to_tensor(image: Image.Image) -> torch.Tensor:
-    """RGB PIL image to a CHW float tensor in [0, 1]."""
-    array = np.asarray(image, dtype=np.uint8)
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
-
-
-def _forward(model: LoadedModel, tensors: Sequence[torch.Tensor]) -> list[RawDetections]:
-    batch = [t.to(model.device, non_blocking=True) for t in tensors]
+def forward_images(model: LoadedModel, images: Sequence[Image.Image]) -> list[RawDetections]:
+    """One forward: the format's input, the model, the format's output, mapped back to image pixels."""
+    inputs, transforms = model.adapter.prepare(images, model.device)
     with torch.inference_mode():
-        output = model.module(batch)
-        return parse_torchvision_output(output, expected=len(batch))
+        output = model.module(inputs)
+    parsed = model.adapter.parse(output, len(images))
+    return [to_source_pixels(raw, transform) for raw, transform in zip(parsed, transforms, strict=True)]
 
 
 def run_model(model: LoadedModel, images: Sequence[Image.Image], micro_batch: int) -> list[InferenceOutcome]:
     """Detections per image; a failing micro-batch is rerun image by image so one bad input fails alone."""
+    step = max(1, min(micro_batch, model.max_batch or micro_batch))
     outcomes: list[InferenceOutcome] = []
-    for start in range(0, len(images), micro_batch):
-        chunk = [to_tensor(img) for img in images[start : start + micro_batch]]
+    for start in range(0, len(images), step):
+        chunk = images[start : start + step]
         began = time.perf_counter()
         try:
-            results = _forward(model, chunk)
+            results = forward_images(model, chunk)
         except Exception:  # noqa: BLE001 - isolate the culprit below
             outcomes.extend(_forward_one_by_one(model, chunk))
             continue
@@ -52,12 +49,12 @@ def run_model(model: LoadedModel, images: Sequence[Image.Image], micro_batch: in
     return outcomes
 
 
-def _forward_one_by_one(model: LoadedModel, tensors: Sequence[torch.Tensor]) -> list[InferenceOutcome]:
+def _forward_one_by_one(model: LoadedModel, images: Sequence[Image.Image]) -> list[InferenceOutcome]:
     outcomes = []
-    for tensor in tensors:
+    for image in images:
         began = time.perf_counter()
         try:
-            (result,) = _forward(model, [tensor])
+            (result,) = forward_images(model, [image])
         except Exception as exc:  # noqa: BLE001 - recorded as this image's failure reason
             elapsed = (time.perf_counter() - began) * 1000
             outcomes.append(InferenceOutcome(None, f"inference failed: {type(exc).__name__}: {exc}", elapsed))

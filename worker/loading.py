@@ -1,23 +1,40 @@
-"""Load a model file once per process onto that process's device, with map_location, and warm it up."""
+"""Load a model file once per process onto that process's device, settle its format, and warm it up."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
-from detq.modelfile import META_EXTRA_FILE, file_sha256
+from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
 from worker.adapters import ModelOutputError, parse_torchvision_output
-from worker.metadata import ModelMeta, ModelMetaError, parse_model_meta
+from worker.devicefix import rewrite_device_constants
+from worker.formats import FormatAdapter, adapter_for
+from worker.metadata import (
+    FIXED_INPUT_FORMATS,
+    MetaOverrides,
+    ModelMeta,
+    ModelMetaError,
+    parse_model_meta,
+    read_sidecar,
+)
+from worker.ultralytics_meta import parse_ultralytics_config
+from worker.yolo import guess_layout, yolo_tensor
 
 log = logging.getLogger(__name__)
 
-WARMUP_SIZE = (320, 320)
+TORCHVISION_PROBE_SIZE = (320, 320)
+REEXPORT_HINT = (
+    "Re-export it device-agnostic: create tensors with device=x.device instead of a fixed device, trace or "
+    "export on the CPU, or use torch.export and let detq move the program with move_to_device_pass."
+)
 
 
 class ModelLoadError(RuntimeError):
@@ -26,81 +43,171 @@ class ModelLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready for inference on one device."""
+    """A model ready for inference on one device, with the adapter of its output format."""
 
     module: Any
     meta: ModelMeta
+    adapter: FormatAdapter
     device: torch.device
     path: Path
     sha256: str
+    kind: str
     load_ms: float
     warmup_ms: float
+    max_batch: int | None = None
+    repaired_devices: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def decode_target(self) -> tuple[int, int] | None:
+        """(height, width) the decoder may reduce JPEGs toward."""
+        if self.meta.format in FIXED_INPUT_FORMATS:
+            return self.meta.fixed_input_size()
+        return self.meta.input_size
 
 
-def _read_meta(extra: dict[str, Any]) -> ModelMeta:
-    import json
+def _quiet_jit_load(path: Path, device: torch.device, extra: dict[str, Any]) -> Any:
+    with warnings.catch_warnings():
+        # torch 2.14 marks TorchScript deprecated; loading users' existing TorchScript files is the job.
+        warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
+        # map_location: tensors saved on cuda:N are remapped to this process's device. Without it a
+        # GPU-saved file fails on a CPU host ("Could not run 'aten::empty_strided' ... 'CUDA' backend").
+        return torch.jit.load(str(path), map_location=device, _extra_files=extra)  # type: ignore[no-untyped-call]
 
-    text = extra.get(META_EXTRA_FILE) or ""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    if not text:
-        return ModelMeta()
+
+def _load_exported(path: Path, device: torch.device, extra: dict[str, Any]) -> Any:
+    from torch.export.passes import move_to_device_pass
+
+    program = torch.export.load(str(path), extra_files=extra)
+    # An exported program fixes its device at export time and has no map_location; this pass rewrites it.
+    return move_to_device_pass(program, device).module()
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value or "")
+
+
+def resolve_meta(path: Path, extra: dict[str, Any], overrides: MetaOverrides) -> ModelMeta:
+    """detq.json in the file, else Ultralytics' config.txt, else a sidecar JSON; then overrides."""
     try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ModelMetaError(f"{META_EXTRA_FILE} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ModelMetaError(f"{META_EXTRA_FILE} must hold a JSON object")
-    return parse_model_meta(raw)
+        meta = ModelMeta()
+        detq_text = _text(extra.get(META_EXTRA_FILE))
+        ultra_text = _text(extra.get(ULTRALYTICS_EXTRA_FILE))
+        if detq_text:
+            raw = json.loads(detq_text)
+            if not isinstance(raw, dict):
+                raise ModelMetaError(f"{META_EXTRA_FILE} must hold a JSON object")
+            meta = parse_model_meta(raw, source=f"{META_EXTRA_FILE} in the model file")
+        elif ultra_text:
+            meta = parse_model_meta(parse_ultralytics_config(ultra_text), source="Ultralytics config.txt")
+        else:
+            sidecar = read_sidecar(path)
+            if sidecar is not None:
+                meta = parse_model_meta(sidecar[0], source=sidecar[1])
+        return overrides.apply(meta)
+    except ValueError as exc:  # ModelMetaError, JSON errors, unsupported Ultralytics task
+        raise ModelLoadError(f"bad metadata for {path.name}: {exc}") from exc
 
 
-def load_model_for_device(path: Path, device: str, *, sha256: str | None = None) -> LoadedModel:
-    """torch.jit.load with map_location=device, then one warm-up forward on a dummy image."""
+def _guess_format(module: Any, meta: ModelMeta, device: torch.device) -> tuple[ModelMeta, str]:
+    """No format in the metadata: try the torchvision contract, then a fixed-size batch; read the output."""
+    height, width = meta.input_size or TORCHVISION_PROBE_SIZE
+    try:
+        with torch.inference_mode():
+            parse_torchvision_output(module([torch.zeros(3, height, width, device=device)]), expected=1)
+        return replace(meta, format="torchvision"), "guessed torchvision from its list-of-dicts output"
+    except Exception:  # noqa: BLE001 - not a torchvision-style model; try a fixed-size batch next
+        pass
+    fixed_h, fixed_w = meta.fixed_input_size()
+    with torch.inference_mode():
+        output = module(torch.zeros(1, 3, fixed_h, fixed_w, device=device))
+    pred = yolo_tensor(output)
+    fmt, warning = guess_layout(tuple(pred.shape), len(meta.classes) or None)
+    note = f"guessed {fmt} from its output shape {tuple(pred.shape)}"
+    if warning:
+        note += f" ({warning})"
+    return replace(meta, format=fmt), note
+
+
+def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, count: int) -> None:
+    height, width = meta.fixed_input_size() if meta.format in FIXED_INPUT_FORMATS else TORCHVISION_PROBE_SIZE
+    images = [Image.new("RGB", (width, height), (114, 114, 114)) for _ in range(count)]
+    inputs, _ = adapter.prepare(images, device)
+    with torch.inference_mode():
+        adapter.parse(module(inputs), count)
+
+
+def _max_batch(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device) -> int | None:
+    """Fixed-input exports are often traced for batch 1; find out now rather than on every micro-batch."""
+    if meta.format not in FIXED_INPUT_FORMATS:
+        return None
+    try:
+        _warm_up(module, adapter, meta, device, count=2)
+    except Exception:  # noqa: BLE001 - any failure at batch 2 means: feed it one image at a time
+        return 1
+    return None
+
+
+def load_model_for_device(
+    path: Path, device: str, *, sha256: str | None = None, overrides: MetaOverrides | None = None
+) -> LoadedModel:
+    """Load with the device remapped, repair baked device constants, settle the format, warm up once."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}")
     digest = sha256 or file_sha256(path)
+    kind = archive_kind(path)
     started = time.perf_counter()
-    extra: dict[str, Any] = {META_EXTRA_FILE: ""}
+    extra: dict[str, Any] = {META_EXTRA_FILE: "", ULTRALYTICS_EXTRA_FILE: ""}
+    repaired: list[str] = []
     try:
-        # map_location: tensors saved on cuda:N are remapped to this process's device. Without it a
-        # GPU-saved file fails on a CPU host ("Could not run 'aten::empty_strided' ... 'CUDA' backend").
-        with warnings.catch_warnings():
-            # torch 2.14 marks TorchScript deprecated; loading users' existing TorchScript files is the job.
-            warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
-            module = torch.jit.load(  # type: ignore[no-untyped-call]
-                str(path), map_location=target, _extra_files=extra
-            )
+        if kind == "export":
+            module = _load_exported(path, target, extra)
+        else:
+            module = _quiet_jit_load(path, target, extra)
+            module.eval()
+            repaired = rewrite_device_constants(module, target)
     except Exception as exc:
-        raise ModelLoadError(f"cannot load {path} as TorchScript on {target}: {exc}") from exc
-    module.eval()
-    try:
-        meta = _read_meta(extra)
-    except ModelMetaError as exc:
-        raise ModelLoadError(f"bad metadata in {path}: {exc}") from exc
+        what = "torch.export program" if kind == "export" else "TorchScript"
+        raise ModelLoadError(f"cannot load {path} as {what} on {target}: {exc}") from exc
+    if repaired:
+        log.warning("detq: %s had device constants baked into its graph; rewrote %s", path.name, repaired)
+    meta = resolve_meta(path, extra, overrides or MetaOverrides())
     load_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
-    height, width = meta.input_size or WARMUP_SIZE
+    notes: list[str] = []
     try:
-        with torch.inference_mode():
-            dummy = [torch.zeros(3, height, width, device=target)]
-            parse_torchvision_output(module(dummy), expected=1)
+        if meta.format is None:
+            meta, note = _guess_format(module, meta, target)
+            notes.append(note)
+            log.warning("detq: %s has no format in its metadata: %s", path.name, note)
+        if meta.format in FIXED_INPUT_FORMATS:
+            meta = meta.with_yolo_defaults()
+        adapter = adapter_for(meta)
+        _warm_up(module, adapter, meta, target, count=1)
+        max_batch = _max_batch(module, adapter, meta, target)
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:
-        raise ModelLoadError(f"{path} loaded but its output breaks the model contract: {exc}") from exc
+        raise ModelLoadError(
+            f"{path} loaded but its output breaks the {meta.format} contract: {exc}"
+        ) from exc
     except Exception as exc:
         raise ModelLoadError(
-            f"{path} loaded but its warm-up forward on {target} failed: {exc}. If the model was traced on a "
-            "GPU it may carry a device constant in its graph; re-export it with device-agnostic code."
+            f"{path} loaded but its warm-up forward on {target} failed: {exc}. "
+            + (f"Rewrote device constants {repaired}. " if repaired else "")
+            + REEXPORT_HINT
         ) from exc
     warmup_ms = (time.perf_counter() - started) * 1000
     log.info(
-        "detq: loaded model %s (%s) on %s in %.0f ms, warm-up %.0f ms",
+        "detq: loaded model %s (%s, %s, format %s from %s) on %s in %.0f ms, warm-up %.0f ms",
         path.name,
         digest[:12],
+        kind,
+        meta.format,
+        meta.source,
         target,
         load_ms,
         warmup_ms,
@@ -108,9 +215,14 @@ def load_model_for_device(path: Path, device: str, *, sha256: str | None = None)
     return LoadedModel(
         module=module,
         meta=meta,
+        adapter=adapter,
         device=target,
         path=path,
         sha256=digest,
+        kind=kind,
         load_ms=load_ms,
         warmup_ms=warmup_ms,
+        max_batch=max_batch,
+        repaired_devices=tuple(repaired),
+        notes=tuple(notes),
     )

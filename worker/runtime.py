@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from detq.settings import Settings
 from worker.loading import LoadedModel, ModelLoadError, load_model_for_device
+from worker.metadata import MetaOverrides, parse_input_size
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class WorkerRuntime:
                 f"job's model {sha256[:12]} ({path}) is not on host {socket.gethostname()}; "
                 "copy it there or run this job on workers that have it"
             )
-        loaded = load_model_for_device(candidate, self.device)
+        loaded = load_model_for_device(candidate, self.device, overrides=meta_overrides(self.settings))
         if loaded.sha256 != sha256:
             raise ModelLoadError(f"{path} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}")
         self.model_loads += 1
@@ -62,6 +63,17 @@ class WorkerRuntime:
                 oldest = next(iter(self.models))
             del self.models[oldest]
         return loaded
+
+
+def meta_overrides(settings: Settings) -> MetaOverrides:
+    """Model metadata that settings (DETQ_MODEL_FORMAT, DETQ_INPUT_SIZE, ...) override."""
+    return MetaOverrides(
+        format=settings.model_format,
+        input_size=parse_input_size(settings.input_size),
+        score_threshold=settings.score_threshold,
+        iou_threshold=settings.iou_threshold,
+        max_detections=settings.max_detections,
+    )
 
 
 _runtime: WorkerRuntime | None = None

@@ -18,7 +18,7 @@ from db.engine import make_engine
 from db.migrate import current_revision, make_config, upgrade
 from db.models import Base
 
-HEAD = "0001"
+HEAD = "0002"
 
 
 def schema_differences(url: str) -> list[Any]:
@@ -55,7 +55,15 @@ def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
     upgrade(database_url)
     upgrade(database_url)
     assert current_revision(database_url) == HEAD
-    assert table_names(database_url) == {"alembic_version", "models", "jobs", "images", "detections"}
+    assert table_names(database_url) == {
+        "alembic_version",
+        "models",
+        "jobs",
+        "images",
+        "detections",
+        "schedule_state",
+        "scheduler_leases",
+    }
 
 
 def test_downgrade_through_alembic_command_then_upgrade_again(database_url: str) -> None:

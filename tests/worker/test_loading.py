@@ -59,6 +59,7 @@ def test_model_breaking_the_output_contract_fails_warm_up(tmp_path: Path) -> Non
     path = tmp_path / "wrong.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.script(Wrong()), str(path))
-    with pytest.raises(ModelLoadError, match="breaks the model contract"):
+        meta = {"detq.json": '{"format": "torchvision"}'}
+        torch.jit.save(torch.jit.script(Wrong()), str(path), _extra_files=meta)
+    with pytest.raises(ModelLoadError, match="breaks the torchvision contract"):
         load_model_for_device(path, "cpu")

@@ -22,7 +22,10 @@ def test_full_metadata_is_parsed() -> None:
     [
         {"format": "onnx"},
         {"classes": "a,b"},
-        {"input_size": [256]},
+        {"input_size": [256, 256, 3]},
+        {"letterbox": "yes"},
+        {"max_detections": 0},
+        {"mean": [0.5, 0.5]},
         {"input_size": [0, 10]},
         {"score_threshold": 3},
     ],

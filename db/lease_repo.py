@@ -1,0 +1,75 @@
+"""Repository functions for the scheduler lease: one owner at a time, renewed, taken over once expired."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, or_, select, update
+from sqlalchemy.orm import Session
+
+from db.models import SchedulerLease
+from db.upsert import insert_ignoring_conflicts
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds a lease and until when."""
+
+    owner: str
+    expires_at: datetime
+
+
+def acquire_lease(session: Session, name: str, owner: str, now: datetime, ttl: timedelta) -> bool:
+    """Take or renew the lease for ttl; True when owner holds it afterwards.
+
+    One conditional UPDATE decides (owner already holds it, or it expired), so two candidates never both
+    win: PostgreSQL re-checks the WHERE clause after the row lock, SQLite serialises writers. Clocks of
+    the machines running schedulers are assumed to agree within a small fraction of ttl (NTP).
+    """
+    session.execute(
+        insert_ignoring_conflicts(
+            session,
+            SchedulerLease,
+            {"name": name, "owner": owner, "acquired_at": now, "expires_at": now + ttl},
+            ["name"],
+        )
+    )
+    current = session.scalar(select(SchedulerLease.owner).where(SchedulerLease.name == name))
+    values: dict[str, Any] = {"owner": owner, "expires_at": now + ttl}
+    if current != owner:
+        values["acquired_at"] = now
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(SchedulerLease)
+            .where(
+                SchedulerLease.name == name,
+                or_(SchedulerLease.owner == owner, SchedulerLease.expires_at <= now),
+            )
+            .values(values)
+        ),
+    )
+    return outcome.rowcount == 1
+
+
+def release_lease(session: Session, name: str, owner: str, now: datetime) -> bool:
+    """Let the lease expire now if owner holds it, so a standby takes over at its next poll."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(SchedulerLease)
+            .where(SchedulerLease.name == name, SchedulerLease.owner == owner)
+            .values(expires_at=now)
+        ),
+    )
+    return outcome.rowcount == 1
+
+
+def lease_holder(session: Session, name: str) -> LeaseHolder | None:
+    """The current holder of the lease (possibly expired), or None if it was never taken."""
+    row = session.execute(
+        select(SchedulerLease.owner, SchedulerLease.expires_at).where(SchedulerLease.name == name)
+    ).one_or_none()
+    return None if row is None else LeaseHolder(owner=row.owner, expires_at=row.expires_at)

@@ -1,0 +1,121 @@
+"""Incremental scans: the per-file decision, and the chunk selection against real ledgers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.engine import make_engine, make_session_factory
+from db.history_repo import PastOutcome
+from db.migrate import upgrade
+from db.models import ImageStatus
+from db.repository import (
+    ImageResult,
+    NewImage,
+    create_job,
+    get_or_create_model,
+    insert_images,
+    record_results,
+)
+from producer.incremental import Decision, Tally, decide, select_files
+from producer.scan import ScannedFile
+
+FILE = ScannedFile(path="/d/a.png", size_bytes=100, mtime=5.0, root_index=0)
+
+
+def outcome(status: ImageStatus, size: int = 100, mtime: float = 5.0) -> PastOutcome:
+    return PastOutcome(size_bytes=size, mtime=mtime, status=status.value)
+
+
+@pytest.mark.parametrize(
+    ("history", "decision"),
+    [
+        ([], Decision.NEW),
+        ([outcome(ImageStatus.DONE, size=99)], Decision.CHANGED),
+        ([outcome(ImageStatus.DONE, mtime=4.0)], Decision.CHANGED),
+        ([outcome(ImageStatus.DONE)], Decision.SKIP),
+        ([outcome(ImageStatus.REJECTED)], Decision.SKIP),
+        ([outcome(ImageStatus.PENDING)], Decision.SKIP),  # in flight in another job
+        ([outcome(ImageStatus.FAILED)], Decision.RETRY),
+        ([outcome(ImageStatus.FAILED)] * 2, Decision.RETRY),
+        ([outcome(ImageStatus.FAILED)] * 3, Decision.SKIP),  # 1 try + 2 retries: left with its reason
+        ([outcome(ImageStatus.FAILED)] * 2 + [outcome(ImageStatus.DONE)], Decision.SKIP),
+        ([outcome(ImageStatus.FAILED, mtime=1.0)] * 3, Decision.CHANGED),  # changed since: a fresh budget
+    ],
+)
+def test_decide(history: list[PastOutcome], decision: Decision) -> None:
+    assert decide(FILE, history, max_retries=2) is decision
+
+
+@pytest.fixture()
+def factory(database_url: str) -> sessionmaker[Session]:
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def _model(session: Session, sha: str) -> int:
+    return get_or_create_model(session, sha256=sha * 64, path="/m.pt", size_bytes=1, meta={}).id
+
+
+def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session]) -> None:
+    # Given a job of model A where a.png is done, b.png failed and c.png is still pending
+    with factory() as session, session.begin():
+        model_a, model_b = _model(session, "a"), _model(session, "b")
+        job = create_job(session, model_id=model_a, roots=["/d"], pool="any", batch_size=4).id
+        ids = insert_images(session, job, [NewImage(f"/d/{n}.png", 100, 5.0) for n in "abc"])
+        record_results(
+            session,
+            job,
+            model_a,
+            [
+                ImageResult(ids[0], ImageStatus.DONE),
+                ImageResult(ids[1], ImageStatus.FAILED, reason="truncated"),
+            ],
+            worker="w",
+            device="cpu",
+        )
+    scanned = [ScannedFile(f"/d/{n}.png", 100, 5.0, 0) for n in "abcd"] + [
+        ScannedFile("/d/a.png", 100, 6.0, 0)
+    ]
+    tally = Tally()
+    with factory() as session:
+        # When model A scans a, b, c, the new d and a touched a
+        selected = select_files(session, model_a, scanned, 2, tally)
+        # Then b is retried, d is new, the touched a changed; a and c are skipped
+        assert [(f.path, f.mtime) for f in selected] == [
+            ("/d/b.png", 5.0),
+            ("/d/d.png", 5.0),
+            ("/d/a.png", 6.0),
+        ]
+        assert (tally.new, tally.changed, tally.retried, tally.skipped) == (1, 1, 1, 2)
+        # And a new model processes everything again
+        fresh = Tally()
+        assert len(select_files(session, model_b, scanned, 2, fresh)) == len(scanned)
+        assert fresh.new == len(scanned)
+
+
+def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_path: Path) -> None:
+    from producer.enqueue import enqueue_folders
+    from producer.shapes import write_dataset
+    from tests.producer.fakes import RecordingApp
+
+    write_dataset(tmp_path / "imgs", 3, seed=1)
+    app = RecordingApp()
+    model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+    first = enqueue_folders(
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2, only_new=True
+    )
+    assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
+    again = enqueue_folders(
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2, only_new=True
+    )
+    assert again.counts is not None and (again.total, again.counts.skipped) == (0, 3)  # pending elsewhere
+    plain = enqueue_folders(
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2
+    )
+    assert (plain.total, plain.counts) == (3, None)
+    assert len(app.sent) == 4
