@@ -46,3 +46,9 @@ def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DETQ_BATCH_SIZE", "0")
     with pytest.raises(ValidationError):
         Settings(_env_file=None)
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [name for name in Settings.model_fields if f"DETQ_{name.upper()}" not in readme]
+    assert missing == []
