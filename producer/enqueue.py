@@ -50,8 +50,13 @@ class EnqueueResult:
     counts: RunCounts | None = None  # what an incremental (only_new) scan found
 
 
-def check_roots(roots: Sequence[Path], allowed_roots: Sequence[Path]) -> list[Path]:
-    """Resolve roots; each must be an existing folder inside the allowed roots when those are set."""
+def check_roots(
+    roots: Sequence[Path], allowed_roots: Sequence[Path], *, recursive: bool = True
+) -> list[Path]:
+    """Resolve roots; each must be an existing folder inside the allowed roots when those are set.
+
+    Scanned recursively, a root inside another given root would list its files twice: it is dropped.
+    """
     resolved = []
     for root in roots:
         path = root.expanduser().resolve()
@@ -65,6 +70,8 @@ def check_roots(roots: Sequence[Path], allowed_roots: Sequence[Path]) -> list[Pa
             resolved.append(path)
     if not resolved:
         raise EnqueueError("no folder given")
+    if recursive:
+        resolved = [r for r in resolved if not any(r != o and r.is_relative_to(o) for o in resolved)]
     return resolved
 
 
@@ -92,7 +99,7 @@ def enqueue_folders(
     queue = queue_for_pool(pool)
     if batch_size < 1:
         raise EnqueueError("batch size must be at least 1")
-    resolved = check_roots(roots, allowed_roots)
+    resolved = check_roots(roots, allowed_roots, recursive=recursive)
     model_file = model_path.expanduser().resolve()
     if not model_file.is_file():
         raise EnqueueError(f"model file not found: {model_path}")

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 from PIL import Image
 
-from worker.adapters import RawDetections, parse_torchvision_output
+from worker.adapters import ModelOutputError, RawDetections, parse_torchvision_output
 from worker.letterbox import IDENTITY, InputTransform, images_to_batch, letterbox_image, stretch_image
 from worker.metadata import ModelMeta
 from worker.tensors import to_tensor
@@ -86,8 +86,6 @@ class FixedInputAdapter:
         else:
             parsed = decode_final_boxes(pred, conf=conf, max_det=max_det)
         if len(parsed) != count:
-            from worker.adapters import ModelOutputError
-
             raise ModelOutputError(f"model returned {len(parsed)} results for a batch of {count}")
         return parsed
 
