@@ -94,10 +94,12 @@ def _prepare(
     except FileNotFoundError:
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason="file not found")
     except ImageUnreadable as exc:
-        reason = str(exc)
-        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=reason)
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=str(exc))
     except OSError as exc:
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=f"cannot read file: {exc}")
+    except Exception as exc:  # noqa: BLE001 - Pillow raises struct.error, IndexError... on malformed files
+        reason = f"cannot decode image: {type(exc).__name__}: {exc}"
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=reason)
 
 
 def detect_images(
