@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from db.models import Job
 from db.repository import job_counts
 from db.schedules_repo import list_runs
-from producer.status import job_state
+from producer.status import as_utc, job_state
 
 
 @dataclass(frozen=True)
@@ -39,25 +39,15 @@ class RunSummary:
         return asdict(self)
 
 
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def summarize_run(session: Session, job: Job) -> RunSummary:
     """The summary of one scheduled run's job."""
     counts = job_counts(session, job.id)
-    finished = counts.done + counts.failed + counts.rejected
-    end = _aware(job.finished_at) if job.finished_at else datetime.now(UTC)
+    end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
     return RunSummary(
         job_id=job.id,
         schedule=job.schedule_name or "",
-        scheduled_for=_aware(job.scheduled_for).isoformat() if job.scheduled_for else "",
-        state=job_state(
-            enqueued_complete=job.enqueued_complete,
-            total=counts.total,
-            pending=counts.pending,
-            finished=finished,
-        ),
+        scheduled_for=as_utc(job.scheduled_for).isoformat() if job.scheduled_for else "",
+        state=job_state(job, counts),
         total=counts.total,
         new=job.new_images or 0,
         changed=job.changed_images or 0,
@@ -67,7 +57,7 @@ def summarize_run(session: Session, job: Job) -> RunSummary:
         failed=counts.failed,
         rejected=counts.rejected,
         pending=counts.pending,
-        duration_s=round((end - _aware(job.created_at)).total_seconds(), 3),
+        duration_s=round((end - as_utc(job.created_at)).total_seconds(), 3),
         nothing_new=job.enqueued_complete and counts.total == 0,
     )
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.repository import get_job, job_counts
+from db.models import Job
+from db.repository import JobCounts, get_job, job_counts
 
 
 class JobNotFound(LookupError):
@@ -39,18 +40,19 @@ class JobStatus:
         return asdict(self)
 
 
-def _aware(value: datetime) -> datetime:
+def as_utc(value: datetime) -> datetime:
+    """A stored timestamp as an aware UTC datetime."""
     # SQLite hands back naive datetimes even for timezone=True columns; they were written in UTC.
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def job_state(*, enqueued_complete: bool, total: int, pending: int, finished: int) -> str:
+def job_state(job: Job, counts: JobCounts) -> str:
     """enqueuing, queued (nothing finished yet), running, or finished."""
-    if not enqueued_complete:
+    if not job.enqueued_complete:
         return "enqueuing"
-    if pending == 0:
+    if counts.pending == 0:
         return "finished"
-    return "running" if finished > 0 else "queued"
+    return "running" if counts.done + counts.failed + counts.rejected > 0 else "queued"
 
 
 def job_status(session: Session, job_id: int) -> JobStatus:
@@ -59,17 +61,11 @@ def job_status(session: Session, job_id: int) -> JobStatus:
     if job is None:
         raise JobNotFound(f"no job {job_id}")
     counts = job_counts(session, job_id)
-    finished = counts.done + counts.failed + counts.rejected
-    created = _aware(job.created_at)
-    end = _aware(job.finished_at) if job.finished_at else datetime.now(UTC)
+    created = as_utc(job.created_at)
+    end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
     return JobStatus(
         job_id=job.id,
-        state=job_state(
-            enqueued_complete=job.enqueued_complete,
-            total=counts.total,
-            pending=counts.pending,
-            finished=finished,
-        ),
+        state=job_state(job, counts),
         total=counts.total,
         pending=counts.pending,
         done=counts.done,
@@ -80,6 +76,6 @@ def job_status(session: Session, job_id: int) -> JobStatus:
         roots=list(job.roots),
         model_sha256=job.model.sha256,
         created_at=created.isoformat(),
-        finished_at=_aware(job.finished_at).isoformat() if job.finished_at else None,
+        finished_at=as_utc(job.finished_at).isoformat() if job.finished_at else None,
         elapsed_s=round((end - created).total_seconds(), 3),
     )
