@@ -208,7 +208,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             _print_json(status.as_dict())
         elif not args.wait:
-            print(render_line(status, rate=0.0).replace("| 0.0 img/s | ETA --", f"| {status.state}"))
+            print(render_line(status, rate=None))
             print(f"detections {status.detections}, elapsed {status.elapsed_s:.1f} s, roots {status.roots}")
         return EXIT_OK
     finally:

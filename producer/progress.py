@@ -39,17 +39,22 @@ class RateWindow:
         return (finished - n0) / (now - t0) if now > t0 else 0.0
 
 
-def render_line(status: JobStatus, rate: float, width: int = 28) -> str:
-    """One progress line, e.g. [#####-----] 50/100 done 48 failed 1 rejected 1 | 12.5 img/s | ETA 4s."""
+def render_line(status: JobStatus, rate: float | None, width: int = 28) -> str:
+    """One progress line, e.g. [#####-----] 50/100 done 48 failed 1 rejected 1 | 12.5 img/s | ETA 4s.
+
+    Without a rate (a one-off `detq status`), the line ends with the job's state instead.
+    """
     finished = status.done + status.failed + status.rejected
     fraction = finished / status.total if status.total else 1.0
     filled = int(round(fraction * width))
-    eta = format_duration(status.pending / rate) if rate > 0 and status.pending else "--"
-    return (
+    head = (
         f"job {status.job_id} [{'#' * filled}{'-' * (width - filled)}] {finished}/{status.total} "
         f"done {status.done} failed {status.failed} rejected {status.rejected} | "
-        f"{rate:.1f} img/s | ETA {eta if status.pending else '0s'}"
     )
+    if rate is None:
+        return head + status.state
+    eta = format_duration(status.pending / rate) if rate > 0 and status.pending else "--"
+    return head + f"{rate:.1f} img/s | ETA {eta if status.pending else '0s'}"
 
 
 def wait_with_progress(

@@ -70,19 +70,11 @@ def to_detection_rows(
     boxes[:, 0::2] = (boxes[:, 0::2] * scale_x).clamp(0, width)
     boxes[:, 1::2] = (boxes[:, 1::2] * scale_y).clamp(0, height)
     order = torch.argsort(scores, descending=True, stable=True)
-    rows = []
-    for i in order.tolist():
-        x1, y1, x2, y2 = (float(v) for v in boxes[i].tolist())
-        label_id = int(labels[i])
-        rows.append(
-            DetectionRow(
-                label_id=label_id,
-                label=meta.label_name(label_id),
-                score=float(scores[i]),
-                x1=x1,
-                y1=y1,
-                x2=x2,
-                y2=y2,
-            )
+    return tuple(
+        DetectionRow(
+            label_id=label_id, label=meta.label_name(label_id), score=score, x1=x1, y1=y1, x2=x2, y2=y2
         )
-    return tuple(rows)
+        for (x1, y1, x2, y2), label_id, score in zip(
+            boxes[order].tolist(), labels[order].tolist(), scores[order].tolist(), strict=True
+        )
+    )

@@ -110,7 +110,6 @@ def detect_images(
     With decode threads, images are decoded ahead in the background while the model runs on the
     micro-batch already decoded (Pillow releases the GIL while decoding).
     """
-    threshold = model.meta.score_threshold  # settings and CLI overrides are already folded in
     results: dict[int, ImageResult] = {}
     chunk: list[tuple[PendingImage, DecodedImage, float]] = []
 
@@ -122,7 +121,7 @@ def detect_images(
     def flush() -> None:
         outcomes = run_model(model, [d.image for _, d, _ in chunk], len(chunk))
         for (image, dec, decode_ms), outcome in zip(chunk, outcomes, strict=True):
-            results[image.id] = _result_for(image, dec, decode_ms, outcome, model, threshold)
+            results[image.id] = _result_for(image, dec, decode_ms, outcome, model)
         chunk.clear()
 
     executor = runtime.decode_executor
@@ -140,35 +139,26 @@ def detect_images(
 
 
 def _result_for(
-    image: PendingImage,
-    dec: DecodedImage,
-    decode_ms: float,
-    outcome: InferenceOutcome,
-    model: LoadedModel,
-    threshold: float | None,
+    image: PendingImage, dec: DecodedImage, decode_ms: float, outcome: InferenceOutcome, model: LoadedModel
 ) -> ImageResult:
-    if outcome.detections is None:
-        return ImageResult(
-            image_id=image.id,
-            status=ImageStatus.FAILED,
-            reason=outcome.error,
+    failed = outcome.detections is None
+    rows = (
+        ()
+        if outcome.detections is None
+        else to_detection_rows(
+            outcome.detections,
+            scale_x=dec.scale_x,
+            scale_y=dec.scale_y,
             width=dec.width,
             height=dec.height,
-            decode_ms=decode_ms,
-            infer_ms=outcome.infer_ms,
+            meta=model.meta,
+            score_threshold=model.meta.score_threshold,  # settings and CLI overrides are folded in
         )
-    rows = to_detection_rows(
-        outcome.detections,
-        scale_x=dec.scale_x,
-        scale_y=dec.scale_y,
-        width=dec.width,
-        height=dec.height,
-        meta=model.meta,
-        score_threshold=threshold,
     )
     return ImageResult(
         image_id=image.id,
-        status=ImageStatus.DONE,
+        status=ImageStatus.FAILED if failed else ImageStatus.DONE,
+        reason=outcome.error if failed else None,
         width=dec.width,
         height=dec.height,
         detections=rows,

@@ -13,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery.signals import worker_process_init
+from kombu.utils.url import maybe_sanitize_url
 
 from db.schema import ensure_schema
+from detq.modelfile import file_sha256
 from detq.settings import Settings
 from worker.app import QUEUES_BY_POOL, make_celery_app
 from worker.devices import (
@@ -36,9 +38,10 @@ class _ProcessPlan:
     """What each forked pool process needs to set itself up; built in the parent before the fork."""
 
     def __init__(
-        self, settings: Settings, pool: str, gpu_count: int, threads: int, decode_threads: int
+        self, settings: Settings, pool: str, gpu_count: int, threads: int, decode_threads: int, sha256: str
     ) -> None:
         self.settings = settings
+        self.model_sha256 = sha256
         self.pool = pool
         self.gpu_count = gpu_count
         self.threads = threads
@@ -71,7 +74,9 @@ def _init_pool_process(**_: Any) -> None:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         Image.MAX_IMAGE_PIXELS = plan.settings.max_image_pixels
-        model = load_model_for_device(plan.settings.model, device, overrides=meta_overrides(plan.settings))
+        model = load_model_for_device(
+            plan.settings.model, device, sha256=plan.model_sha256, overrides=meta_overrides(plan.settings)
+        )
         # A fresh engine per child: pooled connections must never cross a fork.
         engine = make_engine(plan.settings.resolved_database_url)
         set_runtime(
@@ -126,7 +131,8 @@ def run_worker(
     ensure_schema(settings.resolved_database_url)
     threads = threads_per_process(pool, cores=cores, concurrency=processes)
     decoders = settings.decode_threads or decode_threads_per_process(pool, cores=cores, concurrency=processes)
-    _plan = _ProcessPlan(settings, pool, gpu_count, threads, decoders)
+    # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
+    _plan = _ProcessPlan(settings, pool, gpu_count, threads, decoders, file_sha256(settings.model))
     worker_process_init.connect(_init_pool_process, weak=False)
 
     from worker.tasks import register_tasks
@@ -138,7 +144,7 @@ def run_worker(
     print(
         f"detq worker: pool={pool} queues={','.join(queues)} processes={processes} threads/process={threads} "
         f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
-        f"broker={_redact(settings.resolved_broker_url)}",
+        f"broker={maybe_sanitize_url(settings.resolved_broker_url)}",
         file=sys.stderr,
         flush=True,
     )
@@ -159,13 +165,3 @@ def run_worker(
         print("detq worker: a pool process failed to start (see the log above); stopping", file=sys.stderr)
         return EXIT_STARTUP_FAILED
     return int(getattr(worker, "exitcode", 0) or 0)
-
-
-def _redact(url: str) -> str:
-    """Hide a password in a broker URL for logging."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url

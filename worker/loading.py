@@ -137,14 +137,22 @@ def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch
         adapter.parse(module(inputs), count)
 
 
-def _max_batch(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device) -> int | None:
-    """Fixed-input exports are often traced for batch 1; find out now rather than on every micro-batch."""
-    if meta.format not in FIXED_INPUT_FORMATS:
-        return None
-    try:
-        _warm_up(module, adapter, meta, device, count=2)
-    except Exception:  # noqa: BLE001 - any failure at batch 2 means: feed it one image at a time
-        return 1
+def _warm_up_and_probe_batch(
+    module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device
+) -> int | None:
+    """Warm up once; returns 1 when a fixed-input model only takes batches of one, else None (no limit).
+
+    Fixed-input exports are often traced for batch 1: a batch of two finds out at start-up, not on every
+    micro-batch; the single-image warm-up then runs only for those.
+    """
+    if meta.format in FIXED_INPUT_FORMATS:
+        try:
+            _warm_up(module, adapter, meta, device, count=2)
+            return None
+        except Exception:  # noqa: BLE001 - retried with one image below; a failure there is the real error
+            _warm_up(module, adapter, meta, device, count=1)
+            return 1
+    _warm_up(module, adapter, meta, device, count=1)
     return None
 
 
@@ -186,8 +194,7 @@ def load_model_for_device(
         if meta.format in FIXED_INPUT_FORMATS:
             meta = meta.with_yolo_defaults()
         adapter = adapter_for(meta)
-        _warm_up(module, adapter, meta, target, count=1)
-        max_batch = _max_batch(module, adapter, meta, target)
+        max_batch = _warm_up_and_probe_batch(module, adapter, meta, target)
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("torchvision", "yolov5", "yolov8", "boxes")
-SUPPORTED_FORMATS = FORMATS
 FIXED_INPUT_FORMATS = ("yolov5", "yolov8", "boxes")
 DEFAULT_FIXED_INPUT = (640, 640)
 # Ultralytics predict defaults, also used for final-box models without thresholds of their own.
