@@ -6,6 +6,7 @@ COPY detq ./detq
 COPY db ./db
 COPY worker ./worker
 COPY producer ./producer
+COPY demo ./demo
 RUN pip install --no-cache-dir '.[flower]'
 ENTRYPOINT []
 CMD ["detq", "--help"]

@@ -26,6 +26,8 @@ lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/check_layout.py
 
 format: install-dev
 	$(VENV)/bin/ruff format .

@@ -25,7 +25,7 @@ _SQLITE_TRANSIENT_MESSAGES = ("database is locked", "database table is locked", 
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
 
-def normalize_url(url: str) -> URL:
+def normalize_url(url: str | URL) -> URL:
     """Parse a database URL, pointing bare PostgreSQL URLs at psycopg 3, the only driver installed."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
@@ -43,7 +43,7 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str | URL) -> Engine:
     """An engine tuned for many worker processes writing at once: WAL + BEGIN IMMEDIATE on SQLite."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":

@@ -11,7 +11,8 @@ from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.jobs_repo import close_job_if_complete
-from db.models import TERMINAL_STATUSES, Detection, Image, ImageStatus, Job, utcnow
+from db.models import Detection, Image, Job, utcnow
+from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, ImageStatus, Job, ModelRecord, utcnow
+from db.models import Detection, Image, Job, ModelRecord, utcnow
+from detq.vocabulary import ImageStatus
 
 
 @dataclass(frozen=True)

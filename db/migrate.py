@@ -1,4 +1,4 @@
-"""Schema migrations run from code: Alembic upgrade under a cross-process lock, and the current revision."""
+"""Schema migrations run from code: Alembic upgrade under a cross-process lock, and the schema policy."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, func, select
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.engine import URL
 
-from db.engine import make_engine, normalize_url, sqlite_file
+from db.engine import normalize_url, sqlite_file
+from detq.errors import DetqError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -20,41 +23,56 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 PG_MIGRATION_LOCK_KEY = 0x6465_7471_6D69_6772  # "detqmigr"
 
 
-def make_config(url: str) -> Config:
+class SchemaError(DetqError):
+    """The database is not at the schema this version of detq needs."""
+
+
+def make_config(url: str | URL) -> Config:
     """An Alembic config for the bundled migrations, no alembic.ini needed (also for `command.revision`)."""
+    parsed = normalize_url(url) if isinstance(url, str) else url
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
     # Config values go through configparser interpolation, where a literal % must be doubled.
-    config.set_main_option(
-        "sqlalchemy.url", normalize_url(url).render_as_string(hide_password=False).replace("%", "%%")
-    )
+    config.set_main_option("sqlalchemy.url", parsed.render_as_string(hide_password=False).replace("%", "%%"))
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate the database at url to revision; safe to call from several processes at once."""
-    config = make_config(url)
-    with _migration_file_lock(url):
-        engine = make_engine(url)
-        try:
-            with engine.connect() as connection:
-                if connection.dialect.name == "postgresql":
-                    _upgrade_postgresql(connection, config, revision)
-                else:
-                    _run_upgrade(connection, config, revision)
-        finally:
-            engine.dispose()
+def head_revision() -> str | None:
+    """The newest migration shipped with this version."""
+    return ScriptDirectory.from_config(make_config("sqlite://")).get_current_head()
 
 
-def current_revision(url: str) -> str | None:
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the engine's database to revision; safe to call from several processes at once."""
+    config = make_config(engine.url)
+    with _migration_file_lock(engine.url), engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            _upgrade_postgresql(connection, config, revision)
+        else:
+            _run_upgrade(connection, config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
     """The revision the database is at; None when it was never migrated."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
-    finally:
-        engine.dispose()
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Upgrade the embedded SQLite default in place; on a shared server, refuse to run on an old schema.
+
+    A cluster's PostgreSQL is migrated once, on purpose (`detq db upgrade`, the compose `migrate` service),
+    not by whichever worker happens to start first with a newer release.
+    """
+    if engine.dialect.name == "sqlite":
+        upgrade(engine)
+        return
+    head, current = head_revision(), current_revision(engine)
+    if current != head:
+        raise SchemaError(
+            f"database schema is at {current or 'nothing'}, this detq needs {head}: run `detq db upgrade`"
+        )
 
 
 def _run_upgrade(connection: Connection, config: Config, revision: str) -> None:
@@ -79,9 +97,9 @@ def _upgrade_postgresql(connection: Connection, config: Config, revision: str) -
 
 
 @contextmanager
-def _migration_file_lock(url: str) -> Iterator[None]:
+def _migration_file_lock(url: URL) -> Iterator[None]:
     """For an SQLite file, hold an exclusive flock on <file>.migrate.lock; a no-op for other databases."""
-    path = sqlite_file(normalize_url(url))
+    path = sqlite_file(url)
     if path is None:
         yield
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from detq.vocabulary import ImageStatus
+
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets BIGINT identities.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -27,18 +28,6 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 def utcnow() -> datetime:
     """Timezone-aware now in UTC."""
     return datetime.now(UTC)
-
-
-class ImageStatus(enum.StrEnum):
-    """Life of an image row: pending, then exactly one terminal state."""
-
-    PENDING = "pending"
-    DONE = "done"
-    FAILED = "failed"
-    REJECTED = "rejected"
-
-
-TERMINAL_STATUSES = (ImageStatus.DONE, ImageStatus.FAILED, ImageStatus.REJECTED)
 
 
 class Base(DeclarativeBase):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
+from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.vocabulary import ModelFormat, Pool
 
-Pool = Literal["any", "gpu", "cpu"]
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
 
 
 class Settings(BaseSettings):
@@ -32,12 +32,14 @@ class Settings(BaseSettings):
         default="",
         description="Folders workers may read from, separated by ':' or ','; empty: no extra limit.",
     )
-    batch_size: int = Field(default=16, ge=1, le=1024, description="Images per queued task.")
+    batch_size: int = Field(
+        default=16, ge=MIN_BATCH_SIZE, le=MAX_BATCH_SIZE, description="Images per queued task."
+    )
     micro_batch: int = Field(default=8, ge=1, le=256, description="Images per forward pass.")
     score_threshold: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Drop detections below this score (default: the model's)."
     )
-    model_format: Literal["torchvision", "yolov5", "yolov8", "boxes"] | None = Field(
+    model_format: ModelFormat | None = Field(
         default=None, description="Override the model's output format (default: its metadata, else guessed)."
     )
     input_size: str | None = Field(
@@ -82,7 +84,7 @@ class Settings(BaseSettings):
         default=None, description="Cron of that schedule: 5 fields, or 6 with seconds first."
     )
     schedule_timezone: str = Field(default="UTC", description="Time zone the schedule's cron is read in.")
-    schedule_pool: Pool = Field(default="any", description="Pool the environment schedule's runs go to.")
+    schedule_pool: Pool = Field(default=Pool.ANY, description="Pool the environment schedule's runs go to.")
     max_retries: int = Field(
         default=2, ge=0, le=100, description="Later runs that retry an image that failed, before giving up."
     )

@@ -1,1 +1,1 @@
-"""Producer side of detq: scanning folders, creating jobs, enqueueing, exporting; never imports torch."""
+"""Producer side of detq: scanning, jobs, enqueue, requeue, status, export, scheduled runs; no torch."""

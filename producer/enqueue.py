@@ -11,18 +11,15 @@ from pathlib import Path
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.repository import (
-    NewImage,
-    create_job,
-    finish_enqueue,
-    get_or_create_model,
-    insert_images,
-)
+from db.images_repo import NewImage, insert_images
+from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
+from detq.contract import TASK_PROCESS_BATCH, BatchMessage, batches_of, check_batch_size, queue_for_pool
+from detq.errors import DetqError
 from detq.modelfile import file_sha256, read_embedded_meta
+from detq.vocabulary import Pool
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.scan import scan_roots
-from worker.app import TASK_PROCESS_BATCH, queue_for_pool
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +28,7 @@ log = logging.getLogger(__name__)
 INSERT_CHUNK = 2000
 
 
-class EnqueueError(ValueError):
+class EnqueueError(DetqError, ValueError):
     """The request cannot become a job (missing folder, model, or a root outside the allowed roots)."""
 
 
@@ -81,7 +78,7 @@ def enqueue_folders(
     *,
     roots: Sequence[Path],
     model_path: Path,
-    pool: str,
+    pool: Pool,
     batch_size: int,
     recursive: bool = True,
     allowed_roots: Sequence[Path] = (),
@@ -97,8 +94,10 @@ def enqueue_folders(
     job has that key yet (else RunAlreadyClaimed).
     """
     queue = queue_for_pool(pool)
-    if batch_size < 1:
-        raise EnqueueError("batch size must be at least 1")
+    try:
+        check_batch_size(batch_size)
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
     resolved = check_roots(roots, allowed_roots, recursive=recursive)
     model_file = model_path.expanduser().resolve()
     if not model_file.is_file():
@@ -137,10 +136,10 @@ def enqueue_folders(
                     chunk = select_files(session, model_id, chunk, max_retries, tally)
                 rows = [NewImage(f.path, f.size_bytes, f.mtime, f.root_index) for f in chunk]
                 ids = insert_images(session, job_id, rows)
-            for start in range(0, len(ids), batch_size):
+            for batch in batches_of(ids, batch_size):
                 app.send_task(
                     TASK_PROCESS_BATCH,
-                    args=[job_id, ids[start : start + batch_size]],
+                    args=BatchMessage(job_id, batch).args(),
                     queue=queue,
                     routing_key=queue,
                     producer=producer,

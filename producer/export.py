@@ -8,10 +8,12 @@ from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, ImageStatus
-from db.repository import get_job, iter_ledger, label_names
+from db.images_repo import iter_ledger, label_names
+from db.jobs_repo import get_job
+from db.models import Detection, Image
+from detq.vocabulary import ExportFormat, ImageStatus
+from producer.status import JobNotFound
 
-FORMATS = ("csv", "jsonl", "coco")
 CSV_COLUMNS = ("job_id", "image_id", "path", "label_id", "label", "score", "x1", "y1", "x2", "y2")
 
 
@@ -81,7 +83,7 @@ def coco_document(session: Session, job_id: int) -> dict[str, Any]:
     """COCO results: images that finished, categories by label id, annotations with bbox [x, y, w, h]."""
     job = get_job(session, job_id)
     if job is None:
-        raise LookupError(f"no job {job_id}")
+        raise JobNotFound(f"no job {job_id}")
     names: dict[int, str] = {}
     classes = job.model.meta.get("classes") if isinstance(job.model.meta, dict) else None
     if isinstance(classes, list):
@@ -122,12 +124,9 @@ def export_coco(session: Session, job_id: int, out: TextIO) -> int:
     return len(document["annotations"])
 
 
-def export_job(session: Session, job_id: int, fmt: str, out: TextIO) -> int:
-    """Dispatch on format name."""
-    if fmt == "csv":
-        return export_csv(session, job_id, out)
-    if fmt == "jsonl":
-        return export_jsonl(session, job_id, out)
-    if fmt == "coco":
-        return export_coco(session, job_id, out)
-    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+def export_job(session: Session, job_id: int, fmt: ExportFormat, out: TextIO) -> int:
+    """Write the job's results in this format; returns how many records were written."""
+    if get_job(session, job_id) is None:
+        raise JobNotFound(f"no job {job_id}")
+    writers = {ExportFormat.CSV: export_csv, ExportFormat.JSONL: export_jsonl, ExportFormat.COCO: export_coco}
+    return writers[ExportFormat(fmt)](session, job_id, out)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from db.history_repo import PastOutcome, past_outcomes
-from db.models import ImageStatus
 from db.schedules_repo import RunCounts
+from detq.vocabulary import ImageStatus
 from producer.scan import ScannedFile
 
 DEFAULT_MAX_RETRIES = 2

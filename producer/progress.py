@@ -8,7 +8,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
+from detq.errors import DetqError
+from detq.vocabulary import JobState
 from producer.status import JobStatus
+
+
+class WaitTimeout(DetqError, TimeoutError):
+    """The job did not finish within the time given to --wait."""
 
 
 def format_duration(seconds: float) -> str:
@@ -74,7 +80,7 @@ def wait_with_progress(
         now = time.monotonic()
         rate = window.add(now, status.done + status.failed + status.rejected)
         line = render_line(status, rate)
-        done = status.state == "finished"
+        done = status.state == JobState.FINISHED
         if tty:
             stream.write("\r\x1b[2K" + line + ("\n" if done else ""))
             stream.flush()
@@ -85,5 +91,5 @@ def wait_with_progress(
         if done:
             return status
         if timeout_s is not None and now - started > timeout_s:
-            raise TimeoutError(f"job {status.job_id} not finished after {timeout_s:.0f} s")
+            raise WaitTimeout(f"job {status.job_id} not finished after {timeout_s:.0f} s")
         time.sleep(interval_s)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.repository import get_job, pending_image_ids
-from worker.app import TASK_PROCESS_BATCH, queue_for_pool
+from db.images_repo import pending_image_ids
+from db.jobs_repo import get_job
+from detq.contract import TASK_PROCESS_BATCH, BatchMessage, batches_of, queue_for_pool
+from producer.status import JobNotFound
 
 
 @dataclass(frozen=True)
@@ -24,16 +26,16 @@ def requeue_pending(factory: sessionmaker[Session], app: Celery, job_id: int) ->
     with factory() as session:
         job = get_job(session, job_id)
         if job is None:
-            raise LookupError(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         pool, batch_size = job.pool, job.batch_size
         ids = pending_image_ids(session, job_id)
     queue = queue_for_pool(pool)
     batches = 0
     with app.producer_or_acquire() as producer:
-        for start in range(0, len(ids), batch_size):
+        for batch in batches_of(ids, batch_size):
             app.send_task(
                 TASK_PROCESS_BATCH,
-                args=[job_id, ids[start : start + batch_size]],
+                args=BatchMessage(job_id, batch).args(),
                 queue=queue,
                 routing_key=queue,
                 producer=producer,

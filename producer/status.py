@@ -8,11 +8,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from db.jobs_repo import JobCounts, get_job, job_counts
 from db.models import Job
-from db.repository import JobCounts, get_job, job_counts
+from detq.errors import DetqError
+from detq.vocabulary import JobState
 
 
-class JobNotFound(LookupError):
+class JobNotFound(DetqError, LookupError):
     """No job with that id."""
 
 
@@ -21,7 +23,7 @@ class JobStatus:
     """What `detq status` reports."""
 
     job_id: int
-    state: str
+    state: JobState
     total: int
     pending: int
     done: int
@@ -46,13 +48,13 @@ def as_utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def job_state(job: Job, counts: JobCounts) -> str:
+def job_state(job: Job, counts: JobCounts) -> JobState:
     """enqueuing, queued (nothing finished yet), running, or finished."""
     if not job.enqueued_complete:
-        return "enqueuing"
+        return JobState.ENQUEUING
     if counts.pending == 0:
-        return "finished"
-    return "running" if counts.done + counts.failed + counts.rejected > 0 else "queued"
+        return JobState.FINISHED
+    return JobState.RUNNING if counts.done + counts.failed + counts.rejected > 0 else JobState.QUEUED
 
 
 def job_status(session: Session, job_id: int) -> JobStatus:

@@ -21,7 +21,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producer.shapes import write_dataset  # noqa: E402
+from demo.shapes import write_dataset  # noqa: E402
 from tests.integration.harness import Deployment, running_worker  # noqa: E402
 from worker.decode import decode_image  # noqa: E402
 

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from demo.shapes import write_dataset  # noqa: E402
 from detq.settings import BUNDLED_MODEL  # noqa: E402
-from producer.shapes import write_dataset  # noqa: E402
 from tests.integration.harness import LOADED_MARK, Deployment, running_worker  # noqa: E402
 
 

@@ -6,7 +6,7 @@
 The saved module follows the model contract the worker relies on: forward(List[Tensor CHW float RGB in
 [0, 1], any size]) -> List[Dict["boxes" float32 [N, 4] x1 y1 x2 y2 in that input's pixels, "labels" int64
 [N], "scores" float32 [N]]], sorted by descending score; resizing and normalisation happen inside.
-Training data is drawn on the fly from producer.shapes.render_scene and the learning-rate schedule
+Training data is drawn on the fly from demo.shapes.render_scene and the learning-rate schedule
 depends on the step count only, so a run that finishes its --steps is deterministic for a seed and thread
 count. --minutes is a safety cap: reaching it stops training early (not fully annealed) and says so.
 """
@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from producer.metrics import PredictedBox, mean_average_precision, precision_recall  # noqa: E402
-from producer.shapes import CLASSES, GroundTruthBox, random_image_size, render_scene  # noqa: E402
+from demo.metrics import PredictedBox, mean_average_precision, precision_recall  # noqa: E402
+from demo.shapes import CLASSES, GroundTruthBox, random_image_size, render_scene  # noqa: E402
 
 INPUT_SIZE = 256  # internal resolution (square; inputs are stretched to it)
 STRIDE = 4  # output stride of the heatmap / regression maps
@@ -220,7 +220,7 @@ def make_targets(boxes: list[GroundTruthBox], width: int, height: int) -> tuple[
 def scene_batches(seed: int, batch_size: int, jpeg_probability: float = 0.3) -> Iterator[tuple[Tensor, ...]]:
     """Endless deterministic stream of (images, heatmaps, box targets, box masks) batches.
 
-    Scenes come from producer.shapes.render_scene with the same size/aspect distribution as the eval set.
+    Scenes come from demo.shapes.render_scene with the same size/aspect distribution as the eval set.
     Big scenes are rendered smaller (same aspect ratio; shape sizes are relative to the image): the model
     stretches everything to 256x256 anyway and rendering 1280x720 would cost about as much as a training
     step. The downscale to the input size is PIL's antialiased bilinear resize, which matches the model's

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from producer.cli import _build_parser
+from tests.detq.cli.parsing import parse_command_line
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 
@@ -62,11 +62,10 @@ def test_gpu_worker_reserves_nvidia_devices(services: dict[str, Any]) -> None:
 
 
 def test_every_detq_command_exists_in_the_cli(services: dict[str, Any]) -> None:
-    parser = _build_parser()
     commands = [s["command"] for s in services.values() if s.get("command") and s["command"][0] == "detq"]
     assert len(commands) >= 4
     for command in commands:
-        parser.parse_args(command[1:])  # exits (fails the test) on an unknown command or option
+        parse_command_line(command[1:])  # raises (fails the test) on an unknown command or option
 
 
 def test_cluster_env_points_at_the_shared_services(services: dict[str, Any]) -> None:

@@ -1,1 +1,1 @@
-"""Worker side of detq: the Celery app, per-process model loading, decoding, inference and the batch task."""
+"""Worker side of detq: the pool, the per-process runtime, the batch task and decoding; imports torch."""

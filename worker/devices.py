@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+
+from detq.vocabulary import WorkerPool
 
 _PROBE = "import torch\nprint(torch.cuda.device_count() if torch.cuda.is_available() else 0)\n"
 
 
 class NoGpuError(RuntimeError):
     """A GPU pool was asked for on a host where torch sees no CUDA device."""
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity-aware)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def probe_cuda_device_count(timeout_s: float = 120.0) -> int:
@@ -41,9 +34,9 @@ def probe_cuda_device_count(timeout_s: float = 120.0) -> int:
         return 0
 
 
-def default_concurrency(pool: str, *, cores: int, gpu_count: int) -> int:
+def default_concurrency(pool: WorkerPool, *, cores: int, gpu_count: int) -> int:
     """One process per GPU for the GPU pool; one per core for the CPU pool."""
-    if pool == "gpu":
+    if pool == WorkerPool.GPU:
         if gpu_count < 1:
             raise NoGpuError(
                 "detq worker --pool gpu: torch sees no CUDA device on this host "
@@ -54,22 +47,22 @@ def default_concurrency(pool: str, *, cores: int, gpu_count: int) -> int:
     return cores
 
 
-def device_for_process(pool: str, process_index: int, gpu_count: int) -> str:
+def device_for_process(pool: WorkerPool, process_index: int, gpu_count: int) -> str:
     """cuda:<index mod GPUs> for GPU pool processes, cpu otherwise."""
-    if pool == "gpu" and gpu_count > 0:
+    if pool == WorkerPool.GPU and gpu_count > 0:
         return f"cuda:{process_index % gpu_count}"
     return "cpu"
 
 
-def threads_per_process(pool: str, *, cores: int, concurrency: int) -> int:
+def threads_per_process(pool: WorkerPool, *, cores: int, concurrency: int) -> int:
     """Intra-op threads so that processes x threads = cores on the CPU pool; GPU processes need few."""
-    if pool == "gpu":
+    if pool == WorkerPool.GPU:
         return max(1, min(4, cores // max(concurrency, 1)))
     return max(1, cores // max(concurrency, 1))
 
 
-def decode_threads_per_process(pool: str, *, cores: int, concurrency: int) -> int:
+def decode_threads_per_process(pool: WorkerPool, *, cores: int, concurrency: int) -> int:
     """GPU processes decode on several threads to keep the GPU fed; CPU processes already fill every core."""
-    if pool == "gpu":
+    if pool == WorkerPool.GPU:
         return max(1, min(8, cores // max(concurrency, 1)))
     return 1

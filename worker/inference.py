@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
-from worker.adapters import RawDetections
-from worker.formats import to_source_pixels
-from worker.loading import LoadedModel
+from worker.models.formats import to_source_pixels
+from worker.models.loading import LoadedModel
+from worker.models.outputs import RawDetections
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ def run_model(model: LoadedModel, images: Sequence[Image.Image], micro_batch: in
         began = time.perf_counter()
         try:
             results = forward_images(model, chunk)
+        except SoftTimeLimitExceeded:
+            raise  # the batch's time is up: no image is to blame
         except Exception:  # noqa: BLE001 - isolate the culprit below
             outcomes.extend(_forward_one_by_one(model, chunk))
             continue
@@ -55,6 +58,8 @@ def _forward_one_by_one(model: LoadedModel, images: Sequence[Image.Image]) -> li
         began = time.perf_counter()
         try:
             (result,) = forward_images(model, [image])
+        except SoftTimeLimitExceeded:
+            raise
         except Exception as exc:  # noqa: BLE001 - recorded as this image's failure reason
             elapsed = (time.perf_counter() - began) * 1000
             outcomes.append(InferenceOutcome(None, f"inference failed: {type(exc).__name__}: {exc}", elapsed))

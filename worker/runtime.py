@@ -1,4 +1,4 @@
-"""Per-process worker state: engine, device and the models loaded in this process, created after fork."""
+"""Per-process worker state: ledger, device and the models loaded in this process, created after fork."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
-
+from db.ledger import Ledger
 from detq.settings import Settings
-from worker.loading import LoadedModel, ModelLoadError, load_model_for_device
-from worker.metadata import MetaOverrides, parse_input_size
+from worker.models.loading import LoadedModel, ModelLoadError, load_model_for_device
+from worker.models.metadata import MetaOverrides, parse_input_size
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +22,10 @@ MAX_CACHED_MODELS = 2
 
 @dataclass
 class WorkerRuntime:
-    """What one pool process holds for its life: made once in worker_process_init, used by every task."""
+    """What one pool process holds for its life: made once after fork, handed to every batch."""
 
     settings: Settings
-    engine: Engine
-    session_factory: sessionmaker[Session]
+    ledger: Ledger
     device: str
     default_model: LoadedModel
     worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -64,6 +61,12 @@ class WorkerRuntime:
             del self.models[oldest]
         return loaded
 
+    def close(self) -> None:
+        """Stop the decode threads and close the ledger's connections."""
+        if self.decode_executor is not None:
+            self.decode_executor.shutdown(wait=False, cancel_futures=True)
+        self.ledger.close()
+
 
 def meta_overrides(settings: Settings) -> MetaOverrides:
     """Model metadata that settings (DETQ_MODEL_FORMAT, DETQ_INPUT_SIZE, ...) override."""
@@ -74,19 +77,3 @@ def meta_overrides(settings: Settings) -> MetaOverrides:
         iou_threshold=settings.iou_threshold,
         max_detections=settings.max_detections,
     )
-
-
-_runtime: WorkerRuntime | None = None
-
-
-def set_runtime(runtime: WorkerRuntime) -> None:
-    """Install this process's runtime (called once, after fork)."""
-    global _runtime
-    _runtime = runtime
-
-
-def get_runtime() -> WorkerRuntime:
-    """This process's runtime; tasks fail loudly if the process never initialised."""
-    if _runtime is None:
-        raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
-    return _runtime

@@ -1,61 +1,40 @@
-"""The Celery batch task: a thin shell that validates its JSON arguments and calls process_batch."""
+"""The Celery batch task: a thin shell over worker.batch, holding its process's runtime on its base class."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import Celery, Task
-from celery.exceptions import SoftTimeLimitExceeded
 
-from db.engine import is_transient_error
-from worker.app import TASK_PROCESS_BATCH
-from worker.batch import fail_pending, process_batch
-from worker.runtime import get_runtime
-
-log = logging.getLogger(__name__)
-
-MAX_BATCH_IDS = 10_000
-DB_RETRIES = 8
+from detq.contract import TASK_PROCESS_BATCH, parse_batch_args
+from worker.batch import run_batch
+from worker.runtime import WorkerRuntime
 
 
-def parse_batch_args(job_id: Any, image_ids: Any) -> tuple[int, list[int]]:
-    """Messages carry ids only: a job id and a list of image ids, all plain integers."""
-    if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id < 1:
-        raise ValueError(f"job_id must be a positive integer, got {job_id!r}")
-    if not isinstance(image_ids, list) or not image_ids or len(image_ids) > MAX_BATCH_IDS:
-        raise ValueError(f"image_ids must be a list of 1..{MAX_BATCH_IDS} integers")
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in image_ids):
-        raise ValueError("image_ids must all be positive integers")
-    return job_id, image_ids
+class BatchTask(Task):  # type: ignore[type-arg]
+    """Base of the batch task: each pool process installs its runtime here once, after fork.
+
+    Celery makes one task instance per process, so the runtime lives on that instance, as arq hands
+    `ctx` to every job, rather than in a module global.
+    """
+
+    runtime: WorkerRuntime | None = None
+
+    def require_runtime(self) -> WorkerRuntime:
+        """This process's runtime; fails loudly if the process never initialised."""
+        if self.runtime is None:
+            raise RuntimeError("worker process was not initialised (worker_process_init did not run)")
+        return self.runtime
 
 
-def register_tasks(app: Celery) -> None:
-    """Register the batch task on this app (the worker side only)."""
+def register_tasks(app: Celery) -> BatchTask:
+    """Register the batch task on this app (the worker side only); returns the task instance."""
 
-    @app.task(name=TASK_PROCESS_BATCH, bind=True, max_retries=DB_RETRIES, ignore_result=True)
-    def process_batch_task(self: Task[Any, Any], job_id: Any, image_ids: Any) -> dict[str, int]:
-        job, ids = parse_batch_args(job_id, image_ids)
-        runtime = get_runtime()
-        try:
-            report = process_batch(runtime, job, ids)
-        except SoftTimeLimitExceeded:
-            failed = fail_pending(runtime, job, ids, "batch exceeded the task's soft time limit")
-            log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)
-            return {"failed": failed}
-        except Exception as exc:
-            if is_transient_error(exc) and self.request.retries < DB_RETRIES:
-                raise self.retry(exc=exc, countdown=min(2**self.request.retries, 60)) from exc
-            log.exception("job %d: batch of %d failed", job, len(ids))
-            failed = fail_pending(runtime, job, ids, f"batch error: {type(exc).__name__}: {exc}")
-            return {"failed": failed}
-        log.info(
-            "job %d: batch of %d: %d done, %d failed, %d rejected, %d already finished",
-            job,
-            len(ids),
-            report.done,
-            report.failed,
-            report.rejected,
-            report.skipped,
-        )
+    @app.task(name=TASK_PROCESS_BATCH, base=BatchTask, bind=True, ignore_result=True)
+    def process_batch_task(self: BatchTask, job_id: Any, image_ids: Any) -> dict[str, int]:
+        report = run_batch(self.require_runtime(), parse_batch_args(job_id, image_ids))
         return {"written": report.written, "skipped": report.skipped}
+
+    task: Any = app.tasks[TASK_PROCESS_BATCH]
+    assert isinstance(task, BatchTask)
+    return task

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 
 from db.engine import SQLITE_BEGIN_OPTION, is_transient_error, make_engine, make_session_factory
-from db.migrate import upgrade
 from db.models import ModelRecord
+from tests.ledger_support import migrate
 
 
 @pytest.fixture()
@@ -74,7 +74,7 @@ def test_sqlite_deferred_begin_can_be_chosen_for_readers(sqlite_engine: sa.Engin
 
 
 def test_sqlite_foreign_keys_are_enforced(sqlite_url: str) -> None:
-    upgrade(sqlite_url)
+    migrate(sqlite_url)
     engine = make_engine(sqlite_url)
     try:
         with pytest.raises(exc.IntegrityError), engine.begin() as conn:
@@ -97,7 +97,7 @@ def test_postgresql_urls_use_psycopg3_with_pre_ping() -> None:
 
 
 def test_sessions_keep_objects_readable_after_commit(sqlite_url: str) -> None:
-    upgrade(sqlite_url)
+    migrate(sqlite_url)
     engine = make_engine(sqlite_url)
     try:
         factory = make_session_factory(engine)
@@ -153,7 +153,7 @@ def test_is_transient_error_follows_explicit_cause() -> None:
 
 def test_real_sqlite_lock_is_transient(sqlite_url: str) -> None:
     # Given one connection holding the write lock and an engine that does not wait for it
-    upgrade(sqlite_url)
+    migrate(sqlite_url)
     holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     impatient = sa.create_engine(sqlite_url, connect_args={"timeout": 0})
     try:

@@ -15,8 +15,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from db.engine import make_engine
-from db.migrate import current_revision, make_config, upgrade
+from db.migrate import make_config
 from db.models import Base
+from tests.ledger_support import migrate, revision_of
 
 HEAD = "0002"
 
@@ -45,16 +46,16 @@ def test_head_is_the_only_head() -> None:
 
 
 def test_upgrade_builds_exactly_the_models_schema(database_url: str) -> None:
-    assert current_revision(database_url) is None
-    upgrade(database_url)
-    assert current_revision(database_url) == HEAD
+    assert revision_of(database_url) is None
+    migrate(database_url)
+    assert revision_of(database_url) == HEAD
     assert schema_differences(database_url) == []
 
 
 def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
-    upgrade(database_url)
-    upgrade(database_url)
-    assert current_revision(database_url) == HEAD
+    migrate(database_url)
+    migrate(database_url)
+    assert revision_of(database_url) == HEAD
     assert table_names(database_url) == {
         "alembic_version",
         "models",
@@ -68,11 +69,11 @@ def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
 
 def test_downgrade_through_alembic_command_then_upgrade_again(database_url: str) -> None:
     # Given a migrated database, When the Alembic command API downgrades it with only make_config's URL
-    upgrade(database_url)
+    migrate(database_url)
     command.downgrade(make_config(database_url), "base")
     # Then every ledger table is gone, and upgrading rebuilds them
     assert table_names(database_url) == {"alembic_version"}
-    upgrade(database_url)
+    migrate(database_url)
     assert schema_differences(database_url) == []
 
 
@@ -83,13 +84,13 @@ def test_make_config_keeps_percent_signs_in_urls() -> None:
 
 def test_bare_postgresql_url_is_accepted(postgres_url: str) -> None:
     bare = postgres_url.replace("postgresql+psycopg://", "postgresql://")
-    upgrade(bare)
-    assert current_revision(bare) == HEAD
+    migrate(bare)
+    assert revision_of(bare) == HEAD
 
 
 def _upgrade_after_barrier(url: str, barrier: Any) -> None:
     barrier.wait(timeout=30)
-    upgrade(url)
+    migrate(url)
 
 
 def test_concurrent_upgrades_of_one_fresh_sqlite_file_from_three_processes(tmp_path: Path) -> None:
@@ -105,7 +106,7 @@ def test_concurrent_upgrades_of_one_fresh_sqlite_file_from_three_processes(tmp_p
         process.join(timeout=60)
     # Then all succeed and the schema is migrated once, completely
     assert [process.exitcode for process in processes] == [0, 0, 0]
-    assert current_revision(url) == HEAD
+    assert revision_of(url) == HEAD
     assert schema_differences(url) == []
 
 
@@ -125,7 +126,7 @@ def test_concurrent_upgrades_of_one_fresh_postgresql_database(postgres_url: str)
     for thread in threads:
         thread.join(timeout=60)
     assert errors == []
-    assert current_revision(postgres_url) == HEAD
+    assert revision_of(postgres_url) == HEAD
     assert schema_differences(postgres_url) == []
 
 
@@ -136,7 +137,7 @@ def test_sqlite_upgrade_waits_for_the_migration_file_lock(tmp_path: Path) -> Non
     with open(f"{database}.migrate.lock", "a") as lock_file:
         fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         # When upgrade starts, Then it waits and has not touched the database
-        worker = threading.Thread(target=upgrade, args=(url,))
+        worker = threading.Thread(target=migrate, args=(url,))
         worker.start()
         worker.join(timeout=0.5)
         assert worker.is_alive()
@@ -145,4 +146,4 @@ def test_sqlite_upgrade_waits_for_the_migration_file_lock(tmp_path: Path) -> Non
     # And once the lock is released it completes
     worker.join(timeout=30)
     assert not worker.is_alive()
-    assert current_revision(url) == HEAD
+    assert revision_of(url) == HEAD

@@ -15,26 +15,29 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_session_factory
-from db.migrate import upgrade
-from db.models import Detection, Image, ImageStatus, Job, ModelRecord
-from db.repository import (
+from db.images_repo import (
     DetectionRow,
     ImageResult,
     NewImage,
-    create_job,
-    finish_enqueue,
-    get_job,
-    get_or_create_model,
     insert_images,
     iter_ledger,
-    job_counts,
     label_names,
-    latest_job_id,
-    list_jobs,
     load_images,
     pending_image_ids,
     record_results,
 )
+from db.jobs_repo import (
+    create_job,
+    finish_enqueue,
+    get_job,
+    get_or_create_model,
+    job_counts,
+    latest_job_id,
+    list_jobs,
+)
+from db.models import Detection, Image, Job, ModelRecord
+from detq.vocabulary import ImageStatus
+from tests.ledger_support import migrate
 
 Factory = sessionmaker[Session]
 
@@ -51,7 +54,7 @@ class Fixture:
 @pytest.fixture()
 def engine(database_url: str) -> Iterator[sa.Engine]:
     """An engine on a freshly migrated database."""
-    upgrade(database_url)
+    migrate(database_url)
     engine = make_engine(database_url)
     yield engine
     engine.dispose()
@@ -475,7 +478,7 @@ def _record_disjoint_batches(url: str, fx: Fixture, image_ids: list[int], barrie
 
 def test_processes_writing_one_sqlite_file_at_once_all_succeed(sqlite_url: str) -> None:
     # Given one SQLite file and three worker processes, each with its own engine and its own images
-    upgrade(sqlite_url)
+    migrate(sqlite_url)
     engine = make_engine(sqlite_url)
     try:
         factory = make_session_factory(engine)

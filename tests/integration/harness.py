@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DETQ = [sys.executable, "-m", "producer.cli"]
+DETQ = [sys.executable, "-m", "detq.cli"]
 READY_MARK = "ready on"
 LOADED_MARK = "detq: loaded model"
 

@@ -27,6 +27,6 @@ class TorchBlocker(importlib.abc.MetaPathFinder):
 
 if __name__ == "__main__":
     sys.meta_path.insert(0, TorchBlocker())
-    from producer.cli import main
+    from detq.cli.main import main
 
     sys.exit(main(sys.argv[1:]))

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from demo.metrics import PredictedBox, precision_recall
+from demo.shapes import load_ground_truth, write_dataset
+from detq.celery_app import make_celery_app
+from detq.contract import TASK_PROCESS_BATCH
 from detq.settings import Settings
-from producer.metrics import PredictedBox, precision_recall
-from producer.shapes import load_ground_truth, write_dataset
 from tests.integration.harness import LOADED_MARK, Deployment, running_worker
-from worker.app import TASK_PROCESS_BATCH, make_celery_app
 
 pytestmark = pytest.mark.integration
 

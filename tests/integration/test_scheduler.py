@@ -17,8 +17,8 @@ import pytest
 
 from db.engine import make_engine, make_session_factory
 from db.images_repo import iter_ledger
-from producer.runs_report import RunSummary, run_summaries
-from producer.shapes import write_dataset
+from demo.shapes import write_dataset
+from producer.scheduler.report import RunSummary, run_summaries
 from tests.integration.harness import Deployment, WorkerHandle, running_worker, stop_worker
 
 pytestmark = pytest.mark.integration

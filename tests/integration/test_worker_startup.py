@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
-from producer.shapes import write_dataset
 from tests.integration.harness import DETQ, LOADED_MARK, Deployment, running_worker
 from tests.support import retag_archive_device
 
@@ -80,7 +80,7 @@ def test_producer_commands_never_import_torch(embedded: Deployment, tmp_path: Pa
     write_dataset(tmp_path / "images", 2, seed=1)
     script = (
         "import sys\n"
-        "from producer.cli import main\n"
+        "from detq.cli.main import main\n"
         f"assert main(['enqueue', {str(tmp_path / 'images')!r}, '--json']) == 0\n"
         "assert main(['status', '--json']) == 0\n"
         "assert main(['export', '1', '--format', 'jsonl']) == 0\n"

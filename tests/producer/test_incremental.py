@@ -9,18 +9,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_session_factory
 from db.history_repo import PastOutcome
-from db.migrate import upgrade
-from db.models import ImageStatus
-from db.repository import (
-    ImageResult,
-    NewImage,
-    create_job,
-    get_or_create_model,
-    insert_images,
-    record_results,
-)
+from db.images_repo import ImageResult, NewImage, insert_images, record_results
+from db.jobs_repo import create_job, get_or_create_model
+from detq.vocabulary import ImageStatus
 from producer.incremental import Decision, Tally, decide, select_files
 from producer.scan import ScannedFile
+from tests.ledger_support import migrate
 
 FILE = ScannedFile(path="/d/a.png", size_bytes=100, mtime=5.0, root_index=0)
 
@@ -51,7 +45,7 @@ def test_decide(history: list[PastOutcome], decision: Decision) -> None:
 
 @pytest.fixture()
 def factory(database_url: str) -> sessionmaker[Session]:
-    upgrade(database_url)
+    migrate(database_url)
     engine = make_engine(database_url)
     yield make_session_factory(engine)
     engine.dispose()
@@ -99,8 +93,8 @@ def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session
 
 
 def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_path: Path) -> None:
+    from demo.shapes import write_dataset
     from producer.enqueue import enqueue_folders
-    from producer.shapes import write_dataset
     from tests.producer.fakes import RecordingApp
 
     write_dataset(tmp_path / "imgs", 3, seed=1)

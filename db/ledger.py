@@ -1,0 +1,67 @@
+"""Open the ledger from settings: one engine and session factory, the schema checked, disposed on exit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.engine import make_engine, make_session_factory
+from db.migrate import ensure_schema
+from detq.errors import DetqError
+from detq.settings import Settings
+
+
+class LedgerUnavailable(DetqError):
+    """The database URL is malformed, or the database cannot be reached."""
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """An open ledger: the engine (one pool of connections) and the sessions its callers open."""
+
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+
+def open_ledger(settings: Settings, *, check_schema: bool = True) -> Ledger:
+    """The ledger of these settings; migrates the embedded SQLite default, checks PostgreSQL is migrated.
+
+    Per process: a forked child opens its own (pooled connections never cross a fork).
+    """
+    try:
+        engine = make_engine(settings.resolved_database_url)
+    except ArgumentError as exc:
+        raise LedgerUnavailable(f"DETQ_DATABASE_URL is not a database URL: {exc}") from exc
+    except ImportError as exc:  # a URL naming a driver that is not installed
+        raise LedgerUnavailable(f"DETQ_DATABASE_URL needs a driver that is not installed: {exc}") from exc
+    if check_schema:
+        try:
+            ensure_schema(engine)
+        except (OperationalError, InterfaceError) as exc:
+            engine.dispose()
+            where = engine.url.render_as_string(hide_password=True)
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise LedgerUnavailable(f"cannot reach the database at {where}: {reason}") from exc
+        except BaseException:
+            engine.dispose()
+            raise
+    return Ledger(engine=engine, sessions=make_session_factory(engine))
+
+
+@contextmanager
+def ledger(settings: Settings, *, check_schema: bool = True) -> Iterator[Ledger]:
+    """`with ledger(settings) as led, led.sessions() as s:` ... the engine is disposed on exit."""
+    opened = open_ledger(settings, check_schema=check_schema)
+    try:
+        yield opened
+    finally:
+        opened.close()

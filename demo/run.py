@@ -1,0 +1,205 @@
+"""`detq demo`: generate shape images with ground truth, run CPU workers over them, score and summarise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.images_repo import iter_ledger
+from db.ledger import ledger
+from db.models import Detection
+from demo.metrics import PredictedBox, precision_recall
+from demo.shapes import CLASSES, GroundTruthBox, load_ground_truth, write_dataset
+from detq.celery_app import make_celery_app
+from detq.host import usable_cores
+from detq.settings import Settings
+from detq.vocabulary import ImageStatus, Pool
+from producer.enqueue import enqueue_folders
+from producer.export import export_coco
+from producer.progress import wait_with_progress
+from producer.status import JobStatus, job_status
+
+READY_MARK = "ready on"
+WORKER_START_TIMEOUT_S = 180.0
+ANNOTATED_IMAGES = 6
+_COLOURS = ("#ff3b30", "#34c759", "#007aff", "#ffcc00", "#af52de")
+
+
+def _start_workers(settings: Settings, processes: int, log_path: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["DETQ_DATA_DIR"] = str(settings.resolved_data_dir)
+    env["DETQ_DATABASE_URL"] = settings.resolved_database_url
+    env["DETQ_BROKER_URL"] = settings.resolved_broker_url
+    env["DETQ_MODEL"] = str(settings.model)
+    log_file = log_path.open("wb")
+    command = [
+        sys.executable,
+        "-m",
+        "detq.cli",
+        "worker",
+        "--pool",
+        "cpu",
+        "--concurrency",
+        str(processes),
+    ]
+    return subprocess.Popen(
+        command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, processes: int) -> None:
+    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        if text.count(READY_MARK) >= processes:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"workers exited with code {proc.returncode} during start-up:\n{text[-3000:]}")
+        time.sleep(0.2)
+    raise RuntimeError(f"workers not ready after {WORKER_START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def _stop_workers(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)  # Celery's warm shutdown: finish the task in hand, then exit
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _draw(image_path: Path, detections: list[Detection], out_path: Path) -> None:
+    with Image.open(image_path) as opened:
+        canvas = opened.convert("RGB")
+    draw = ImageDraw.Draw(canvas)
+    for det in detections:
+        colour = _COLOURS[det.label_id % len(_COLOURS)]
+        draw.rectangle((det.x1, det.y1, det.x2, det.y2), outline=colour, width=3)
+        draw.text((det.x1 + 3, max(0.0, det.y1 - 12)), f"{det.label} {det.score:.2f}", fill=colour)
+    canvas.save(out_path, quality=90)
+
+
+def run_demo(settings: Settings, *, images: int, out_dir: Path, workers: int | None, seed: int) -> int:
+    """The whole demo; returns an exit code."""
+    out_dir = out_dir.resolve()
+    image_dir = out_dir / "images"
+    annotated_dir = out_dir / "annotated"
+    for folder in (image_dir, annotated_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    processes = workers or usable_cores()
+    print(f"detq demo: generating {images} images with ground truth in {image_dir}")
+    truth_path = write_dataset(image_dir, images, seed)
+    truth = load_ground_truth(truth_path)
+
+    with ledger(settings) as led:
+        return _run(settings, led.sessions, processes, image_dir, truth, out_dir, annotated_dir)
+
+
+def _run(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    processes: int,
+    image_dir: Path,
+    truth: dict[str, list[GroundTruthBox]],
+    out_dir: Path,
+    annotated_dir: Path,
+) -> int:
+    log_path = out_dir / "worker.log"
+    print(f"detq demo: starting {processes} CPU worker processes (log: {log_path})")
+    proc = _start_workers(settings, processes, log_path)
+    try:
+        _wait_ready(proc, log_path, processes)
+        began = time.monotonic()
+        result = enqueue_folders(
+            factory,
+            make_celery_app(settings),
+            roots=[image_dir],
+            model_path=settings.model,
+            pool=Pool.CPU,
+            batch_size=settings.batch_size,
+        )
+        print(f"detq demo: job {result.job_id}: {result.total} images in {result.batches} batches")
+
+        def poll() -> JobStatus:
+            if proc.poll() is not None:
+                raise RuntimeError(f"workers exited with code {proc.returncode}; see {log_path}")
+            with factory() as session:
+                return job_status(session, result.job_id)
+
+        final = wait_with_progress(poll, stream=sys.stdout, timeout_s=1800)
+        elapsed = time.monotonic() - began
+    finally:
+        _stop_workers(proc)
+    return _summarise(factory, result.job_id, final, elapsed, truth, out_dir, annotated_dir)
+
+
+def _summarise(
+    factory: sessionmaker[Session],
+    job_id: int,
+    final: JobStatus,
+    elapsed: float,
+    truth: dict[str, list[GroundTruthBox]],
+    out_dir: Path,
+    annotated_dir: Path,
+) -> int:
+    predictions: dict[str, list[PredictedBox]] = {}
+    per_class: Counter[str] = Counter()
+    drawn = 0
+    with factory() as session:
+        for image, detections in iter_ledger(session, job_id):
+            name = Path(image.path).name
+            predictions[name] = [
+                PredictedBox(label_id=d.label_id, score=d.score, x1=d.x1, y1=d.y1, x2=d.x2, y2=d.y2)
+                for d in detections
+            ]
+            per_class.update(d.label for d in detections)
+            if drawn < ANNOTATED_IMAGES and image.status == ImageStatus.DONE:
+                _draw(Path(image.path), detections, annotated_dir / name)
+                drawn += 1
+        coco_path = out_dir / "detections_coco.json"
+        with coco_path.open("w", encoding="utf-8") as handle:
+            export_coco(session, job_id, handle)
+    precision, recall, tp, fp, fn = precision_recall(truth, predictions, iou_threshold=0.5)
+    finished = final.done + final.failed + final.rejected
+    per_class_counts = {name: per_class.get(name, 0) for name in CLASSES}
+    summary = {
+        "job_id": job_id,
+        "images": final.total,
+        "done": final.done,
+        "failed": final.failed,
+        "rejected": final.rejected,
+        "detections": final.detections,
+        "per_class": per_class_counts,
+        "precision@0.5": round(precision, 4),
+        "recall@0.5": round(recall, 4),
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "seconds": round(elapsed, 2),
+        "images_per_s": round(finished / elapsed, 2) if elapsed > 0 else None,
+    }
+    print()
+    print("detq demo summary")
+    print(
+        f"  images       {final.total} ({final.done} done, {final.failed} failed, {final.rejected} rejected)"
+    )
+    print(f"  detections   {final.detections}")
+    for name, count in per_class_counts.items():
+        print(f"    {name:<10} {count}")
+    print(f"  precision    {precision:.3f}  recall {recall:.3f}  (IoU 0.5; tp {tp}, fp {fp}, fn {fn})")
+    print(f"  throughput   {summary['images_per_s']} images/s over {elapsed:.1f} s")
+    print(f"  COCO JSON    {coco_path}")
+    print(f"  annotated    {annotated_dir} ({drawn} images)")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if final.pending == 0 and final.done > 0 else 1

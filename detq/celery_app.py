@@ -1,0 +1,61 @@
+"""The Celery app both sides build from settings: JSON-only messages, late acks, the queues; no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from detq.contract import INFERENCE_QUEUES, QUEUE_ANY
+from detq.settings import Settings
+
+# Loading a large model (and its warm-up) in worker_process_init can take far longer than Celery's
+# default 4 s worker_proc_alive_timeout, after which the pool kills the child as hung.
+PROCESS_START_TIMEOUT_S = 300.0
+
+
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    """Transport options: filesystem folders for the embedded broker, visibility timeout for Redis."""
+    if settings.is_embedded_broker:
+        folder = settings.broker_dir
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
+            "polling_interval": settings.broker_polling_interval,
+        }
+    # Redis redelivers an unacked message after visibility_timeout; it must exceed the longest batch
+    # (the hard time limit) or a slow batch is run twice (celery docs, "Visibility timeout").
+    return {"visibility_timeout": max(settings.visibility_timeout, settings.task_time_limit + 60)}
+
+
+def make_celery_app(settings: Settings) -> Celery:
+    """Build the Celery app for these settings; producers send by task name, workers register the task."""
+    app = Celery("detq", broker=settings.resolved_broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.task_soft_time_limit,
+        task_time_limit=settings.task_time_limit,
+        task_queues=[Queue(name) for name in INFERENCE_QUEUES],
+        task_default_queue=QUEUE_ANY,
+        broker_transport_options=broker_transport_options(settings),
+        broker_connection_retry_on_startup=True,
+        worker_proc_alive_timeout=PROCESS_START_TIMEOUT_S,
+        worker_redirect_stdouts=False,
+        # The embedded broker has no real fanout across hosts; remote control only makes sense on Redis.
+        worker_enable_remote_control=not settings.is_embedded_broker,
+        worker_send_task_events=False,
+    )
+    return app

@@ -1,0 +1,73 @@
+"""What every detq command shares: the group and command classes, settings loading, errors as one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from detq.errors import DetqError
+from detq.settings import Settings, get_settings
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class ConfigError(DetqError):
+    """A DETQ_* variable or the .env file holds a value detq cannot use."""
+
+    exit_code = EXIT_USAGE
+
+
+class CommandError(click.ClickException):
+    """A DetqError shown as `detq COMMAND: message` on standard error, with its exit code."""
+
+    def __init__(self, command_path: str, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.command_path = command_path
+        # click types exit_code as a class variable; an instance value is what its callers read.
+        self.exit_code = code  # type: ignore[misc]
+
+    def show(self, file: Any = None) -> None:
+        """One line per message line, each prefixed with the command, as compilers print errors."""
+        for line in self.format_message().splitlines() or [""]:
+            click.echo(f"{self.command_path}: {line}", err=True)
+
+
+class DetqCommand(click.Command):
+    """A command whose DetqErrors end it with their message and exit code instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command, turning DetqError into CommandError."""
+        try:
+            return super().invoke(ctx)
+        except DetqError as exc:
+            raise CommandError(ctx.command_path, str(exc), getattr(exc, "exit_code", EXIT_ERROR)) from exc
+
+
+class DetqGroup(click.Group):
+    """A group whose commands are DetqCommands and whose subgroups are DetqGroups."""
+
+    command_class = DetqCommand
+    group_class = type
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Commands in the order they were added (by role), not alphabetically."""
+        return list(self.commands)
+
+
+def load_settings() -> Settings:
+    """The process's settings; a bad DETQ_* value is a ConfigError naming each variable."""
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        problems = [
+            f"DETQ_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+            for error in exc.errors()
+        ]
+        raise ConfigError("bad configuration: " + "; ".join(problems)) from None
+
+
+def examples(*lines: str) -> str:
+    """An epilog of example command lines, kept as written by click's help formatter."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)

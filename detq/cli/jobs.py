@@ -1,0 +1,268 @@
+"""The producer's commands: enqueue folders, follow a job, list jobs, export results, requeue."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+import click
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.jobs_repo import latest_job_id, list_jobs
+from db.ledger import ledger
+from detq.celery_app import make_celery_app
+from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.output import print_json, table
+from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.errors import DetqError
+from detq.vocabulary import ExportFormat, Pool, choices
+from producer.enqueue import enqueue_folders
+from producer.export import export_job
+from producer.progress import render_line, wait_with_progress
+from producer.requeue import requeue_pending
+from producer.status import JobNotFound, JobStatus, job_status
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+WAIT_OPTION = click.option("--wait", is_flag=True, help="Show live progress until the job finishes.")
+TIMEOUT_OPTION = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="With --wait: give up (exit 1) after this many seconds.",
+)
+
+
+def _poller(sessions: sessionmaker[Session], job_id: int) -> Callable[[], JobStatus]:
+    def poll() -> JobStatus:
+        with sessions() as session:
+            return job_status(session, job_id)
+
+    return poll
+
+
+def _scan_progress(images: int, batches: int) -> None:
+    click.echo(f"\r\x1b[2Kscanning: {images} images queued in {batches} batches", err=True, nl=False)
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples(
+        "detq enqueue /data/images --wait",
+        "detq enqueue /mnt/cam1 /mnt/cam2 --pool gpu --batch-size 32 --json",
+        "detq enqueue /data/images --only-new --model /models/detector.pt",
+    ),
+)
+@click.argument("folders", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="DIR...")
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Model file the job runs with (default: DETQ_MODEL).",
+)
+@click.option(
+    "--pool",
+    type=click.Choice(choices(Pool)),
+    default=Pool.ANY.value,
+    show_default=True,
+    help="Which workers may take the job: the gpu pool, the cpu pool, or any.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(MIN_BATCH_SIZE, MAX_BATCH_SIZE),
+    help="Images per queued task (default: DETQ_BATCH_SIZE).",
+)
+@click.option("--no-recursive", is_flag=True, help="Do not descend into subfolders.")
+@click.option(
+    "--only-new",
+    is_flag=True,
+    help="Only images new or changed since this model processed them, and failures up to DETQ_MAX_RETRIES.",
+)
+@WAIT_OPTION
+@TIMEOUT_OPTION
+@JSON_OPTION
+def enqueue(
+    folders: tuple[Path, ...],
+    model: Path | None,
+    pool: str,
+    batch_size: int | None,
+    no_recursive: bool,
+    only_new: bool,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Scan folders and queue their images as a job.
+
+    Prints the job id; --wait follows it to the end, --json prints one object.
+    """
+    settings = load_settings()
+    show_scan = sys.stderr.isatty() and not as_json
+    with ledger(settings) as led:
+        result = enqueue_folders(
+            led.sessions,
+            make_celery_app(settings),
+            roots=folders,
+            model_path=model or settings.model,
+            pool=Pool(pool),
+            batch_size=batch_size or settings.batch_size,
+            recursive=not no_recursive,
+            allowed_roots=settings.allowed_root_paths,
+            on_progress=_scan_progress if show_scan else None,
+            only_new=only_new,
+            max_retries=settings.max_retries,
+        )
+        if show_scan:
+            click.echo("\r\x1b[2K", err=True, nl=False)
+        payload: dict[str, object] = {
+            "job_id": result.job_id,
+            "total": result.total,
+            "batches": result.batches,
+        }
+        if result.counts is not None:
+            payload.update(vars(result.counts))
+            if not as_json:
+                c = result.counts
+                click.echo(f"new {c.new}, changed {c.changed}, retried {c.retried}, skipped {c.skipped}")
+        if not as_json:
+            click.echo(
+                f"job {result.job_id}: {result.total} images queued in {result.batches} batches ({pool})"
+            )
+        if wait:
+            final = wait_with_progress(_poller(led.sessions, result.job_id), timeout_s=timeout)
+            payload.update(final.as_dict())
+    if as_json:
+        print_json(payload)
+    elif not wait:
+        click.echo(result.job_id)
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples("detq status", "detq status 42 --wait --timeout 600", "detq status 42 --json"),
+)
+@click.argument("job", type=click.IntRange(min=1), required=False)
+@JSON_OPTION
+@WAIT_OPTION
+@TIMEOUT_OPTION
+def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) -> None:
+    """State and counts of a job (default: the latest).
+
+    Counts: total, pending, done, failed, rejected, detections.
+    """
+    with ledger(load_settings()) as led:
+        with led.sessions() as session:
+            job_id = job or latest_job_id(session)
+        if job_id is None:
+            raise JobNotFound("no jobs yet")
+        if wait:
+            current = wait_with_progress(_poller(led.sessions, job_id), timeout_s=timeout)
+        else:
+            with led.sessions() as session:
+                current = job_status(session, job_id)
+    if as_json:
+        print_json(current.as_dict())
+    elif not wait:
+        click.echo(render_line(current, rate=None))
+        roots = ", ".join(current.roots)
+        click.echo(f"detections {current.detections}, elapsed {current.elapsed_s:.1f} s, roots {roots}")
+
+
+@click.command(cls=DetqCommand, epilog=examples("detq jobs", "detq jobs --limit 5 --json"))
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many jobs, newest first."
+)
+@JSON_OPTION
+def jobs(limit: int, as_json: bool) -> None:
+    """Recent jobs with their state and counts."""
+    with ledger(load_settings()) as led, led.sessions() as session:
+        statuses = [job_status(session, job.id) for job in list_jobs(session, limit)]
+    if as_json:
+        print_json([s.as_dict() for s in statuses])
+        return
+    if not statuses:
+        click.echo("no jobs yet")
+        return
+    headers = ("job", "state", "finished", "total", "failed", "rejected", "pool", "created", "root")
+    rows = [
+        (
+            s.job_id,
+            s.state.value,
+            s.done + s.failed + s.rejected,
+            s.total,
+            s.failed,
+            s.rejected,
+            s.pool,
+            s.created_at[:19],
+            s.roots[0] + (f" (+{len(s.roots) - 1})" if len(s.roots) > 1 else ""),
+        )
+        for s in statuses
+    ]
+    click.echo(table(headers, rows))
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples(
+        "detq export 42 --format csv -o results.csv",
+        "detq export 42 --format jsonl | head",
+        "detq export 42 --format coco -o detections.json",
+    ),
+)
+@click.argument("job", type=click.IntRange(min=1))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(choices(ExportFormat)),
+    required=True,
+    help="csv: one row per detection; jsonl: one line per image; coco: COCO JSON.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File to write, replaced only once complete (default: standard output).",
+)
+def export(job: int, fmt: str, output: Path | None) -> None:
+    """Write a job's results as CSV, JSONL or COCO."""
+    export_format = ExportFormat(fmt)
+    with ledger(load_settings()) as led, led.sessions() as session:
+        if output is None:
+            export_job(session, job, export_format, sys.stdout)
+            return
+        count = _export_to_file(output, lambda out: export_job(session, job, export_format, out))
+    unit = "lines" if export_format is ExportFormat.JSONL else "records"
+    click.echo(f"wrote {count} {unit} to {output}")
+
+
+def _export_to_file(output: Path, write: Callable[[TextIO], int]) -> int:
+    """Write to a temporary file beside output and rename it over output only when complete."""
+    if not output.parent.is_dir():
+        raise DetqError(f"cannot write {output}: folder {output.parent} does not exist")
+    partial = output.with_name(f".{output.name}.{os.getpid()}.partial")
+    try:
+        with partial.open("w", encoding="utf-8", newline="") as handle:
+            count = write(handle)
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return count
+
+
+@click.command(cls=DetqCommand, epilog=examples("detq requeue 42", "detq requeue 42 --json"))
+@click.argument("job", type=click.IntRange(min=1))
+@JSON_OPTION
+def requeue(job: int, as_json: bool) -> None:
+    """Send a job's pending images again.
+
+    For a purged queue or a message the embedded broker lost; workers skip finished images, so
+    it is safe to repeat.
+    """
+    settings = load_settings()
+    with ledger(settings) as led:
+        sent = requeue_pending(led.sessions, make_celery_app(settings), job)
+    if as_json:
+        print_json({"job_id": job, "images": sent.images, "batches": sent.batches})
+    else:
+        click.echo(f"job {job}: re-sent {sent.images} pending images in {sent.batches} batches")

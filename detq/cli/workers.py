@@ -1,0 +1,163 @@
+"""The worker's commands: run a pool, inspect or pack a model. The only commands that load torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
+from detq.cli.output import print_json
+from detq.contract import INFERENCE_QUEUES
+from detq.vocabulary import ModelFormat, WorkerPool, choices
+
+FORMAT_CHOICE = click.Choice(choices(ModelFormat))
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples(
+        "detq worker --pool cpu",
+        "detq worker --pool gpu -l DEBUG -n gpu1@%h",
+        "detq worker --pool cpu -c 4 -Q cpu --model /models/detector.pt",
+    ),
+)
+@click.option(
+    "--pool",
+    type=click.Choice(choices(WorkerPool)),
+    required=True,
+    help="gpu: one process per GPU (queues gpu, any); cpu: one process per core (queues cpu, any).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Pool processes (default: DETQ_WORKER_CONCURRENCY, else GPUs or cores).",
+)
+@click.option(
+    "-Q",
+    "--queues",
+    help=f"Comma-separated queues to consume instead of the pool's own ({', '.join(INFERENCE_QUEUES)}).",
+)
+@click.option("-l", "--loglevel", help="Log level (default: DETQ_LOG_LEVEL).")
+@click.option("-n", "--hostname", help="Celery node name (default: <pool>-<pid>@<host>).")
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Model file each process preloads (default: DETQ_MODEL).",
+)
+@click.option("--format", "fmt", type=FORMAT_CHOICE, help="Override the model's output format.")
+@click.option("--input-size", help="Override the model's input size: H,W or one number.")
+def worker(
+    pool: str,
+    concurrency: int | None,
+    queues: str | None,
+    loglevel: str | None,
+    hostname: str | None,
+    model: Path | None,
+    fmt: str | None,
+    input_size: str | None,
+) -> None:
+    """Run a GPU or CPU worker pool.
+
+    Each pool process loads the model once, on its own device (cuda:N or cpu).
+    """
+    consumed = _parse_queues(queues)
+    settings = load_settings()
+    from worker.pool import run_worker  # here, not at the top: only this command needs torch
+
+    updates: dict[str, object] = {}
+    if model is not None:
+        updates["model"] = model
+    if fmt is not None:
+        updates["model_format"] = ModelFormat(fmt)
+    if input_size is not None:
+        updates["input_size"] = input_size
+    if updates:
+        settings = settings.model_copy(update=updates)
+    code = run_worker(
+        settings,
+        pool=WorkerPool(pool),
+        concurrency=concurrency,
+        loglevel=loglevel or settings.log_level,
+        hostname=hostname,
+        queues=consumed,
+        announce=lambda line: click.echo(f"detq worker: {line}", err=True),
+    )
+    raise SystemExit(code)
+
+
+def _parse_queues(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in INFERENCE_QUEUES]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"{text!r}: queues are {', '.join(INFERENCE_QUEUES)}", param_hint="'-Q' / '--queues'"
+        )
+    return names
+
+
+@click.group(cls=DetqGroup)
+def model() -> None:
+    """Inspect a model file, or embed metadata."""
+
+
+@model.command(
+    epilog=examples(
+        "detq model inspect /models/detector.pt",
+        "detq model inspect yolov8n.torchscript --device cuda:0 --json",
+    )
+)
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--device", default="cpu", show_default=True, help="Device to load it on: cpu, cuda:0, ...")
+@click.option("--format", "fmt", type=FORMAT_CHOICE, help="Override its output format.")
+@click.option("--input-size", help="Override its input size: H,W or one number.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def inspect(path: Path, device: str, fmt: str | None, input_size: str | None, as_json: bool) -> None:
+    """What a model file is and whether it runs here.
+
+    Format, classes, input size, saved devices, baked device constants; then a real load and warm-up.
+    """
+    from worker.models.metadata import MetaOverrides, parse_input_size
+    from worker.models.report import format_report, inspect_model
+
+    overrides = MetaOverrides(
+        format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
+    )
+    report = inspect_model(path, device=device, overrides=overrides)
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(format_report(report))
+    if not report.get("loads_here"):
+        raise SystemExit(EXIT_ERROR)
+
+
+@model.command(
+    epilog=examples("detq model pack model.pt --meta meta.json -o packed.pt"),
+)
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--meta",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    required=True,
+    help="JSON file with format, classes, input_size, score_threshold, ...",
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True, help="File to write."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def pack(path: Path, meta: Path, output: Path, as_json: bool) -> None:
+    """Embed metadata into a TorchScript copy.
+
+    The JSON file is validated, then stored in the copy as detq.json.
+    """
+    from worker.models.report import pack_model
+
+    packed = pack_model(path, meta, output)
+    if as_json:
+        print_json(packed)
+    else:
+        click.echo(f"wrote {packed['path']} (sha256 {packed['sha256']})")

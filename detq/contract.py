@@ -1,0 +1,75 @@
+"""The message contract producers and workers meet in: queue and task names, and what a task may carry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from detq.vocabulary import Pool, WorkerPool
+
+QUEUE_GPU = "gpu"
+QUEUE_CPU = "cpu"
+QUEUE_ANY = "any"
+INFERENCE_QUEUES = (QUEUE_GPU, QUEUE_CPU, QUEUE_ANY)
+QUEUES_BY_POOL: dict[WorkerPool, tuple[str, ...]] = {
+    WorkerPool.GPU: (QUEUE_GPU, QUEUE_ANY),
+    WorkerPool.CPU: (QUEUE_CPU, QUEUE_ANY),
+}
+TASK_PROCESS_BATCH = "detq.process_batch"
+# `detq scheduler` alone consumes the control queue: beat sends it one scheduled run at a time, and the
+# task (producer/scheduler/control.py) scans and enqueues without torch. Inference workers never listen.
+QUEUE_CONTROL = "control"
+TASK_SCHEDULED_RUN = "detq.scheduled_run"
+
+# Images per batch message, for every path that makes one (enqueue, requeue, schedules, settings):
+# a worker refuses a message with more ids, so nothing may be queued that it would refuse.
+MIN_BATCH_SIZE = 1
+MAX_BATCH_SIZE = 1024
+
+
+def queue_for_pool(pool: Pool | str) -> str:
+    """The queue a job's tasks go to."""
+    try:
+        return Pool(pool).value
+    except ValueError:
+        raise ValueError(f"unknown pool {pool!r}: expected any, gpu or cpu") from None
+
+
+def check_batch_size(batch_size: int) -> int:
+    """The batch size if it is one a worker accepts; ValueError with the allowed range otherwise."""
+    if isinstance(batch_size, bool) or not MIN_BATCH_SIZE <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch size must be from {MIN_BATCH_SIZE} to {MAX_BATCH_SIZE}, not {batch_size}")
+    return batch_size
+
+
+def batches_of(ids: list[int], batch_size: int) -> list[list[int]]:
+    """ids cut into messages of at most batch_size (clamped to what a worker accepts)."""
+    size = max(MIN_BATCH_SIZE, min(batch_size, MAX_BATCH_SIZE))
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
+
+
+@dataclass(frozen=True)
+class BatchMessage:
+    """The arguments of detq.process_batch: a job id and its image ids, plain positive integers."""
+
+    job_id: int
+    image_ids: list[int]
+
+    def args(self) -> list[Any]:
+        """The task's positional arguments, as sent."""
+        return [self.job_id, list(self.image_ids)]
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def parse_batch_args(job_id: Any, image_ids: Any) -> BatchMessage:
+    """Validate a received message: ids only, 1..MAX_BATCH_SIZE of them; ValueError otherwise."""
+    if not _positive_int(job_id):
+        raise ValueError(f"job_id must be a positive integer, got {job_id!r}")
+    if not isinstance(image_ids, list) or not image_ids or len(image_ids) > MAX_BATCH_SIZE:
+        raise ValueError(f"image_ids must be a list of 1..{MAX_BATCH_SIZE} integers")
+    if not all(_positive_int(i) for i in image_ids):
+        raise ValueError("image_ids must all be positive integers")
+    return BatchMessage(job_id=job_id, image_ids=list(image_ids))

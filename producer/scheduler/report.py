@@ -1,0 +1,68 @@
+"""What `detq runs` shows: scheduled runs with their scan counts, outcomes and duration."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from db.jobs_repo import job_counts
+from db.models import Job
+from db.schedules_repo import list_runs
+from detq.vocabulary import JobState
+from producer.status import as_utc, job_state
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One scheduled run: its key, what the scan found, how its images ended, how long it took."""
+
+    job_id: int
+    schedule: str
+    scheduled_for: str
+    state: JobState
+    total: int
+    new: int
+    changed: int
+    retried: int
+    skipped: int
+    done: int
+    failed: int
+    rejected: int
+    pending: int
+    duration_s: float
+    nothing_new: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def summarize_run(session: Session, job: Job) -> RunSummary:
+    """The summary of one scheduled run's job."""
+    counts = job_counts(session, job.id)
+    end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
+    return RunSummary(
+        job_id=job.id,
+        schedule=job.schedule_name or "",
+        scheduled_for=as_utc(job.scheduled_for).isoformat() if job.scheduled_for else "",
+        state=job_state(job, counts),
+        total=counts.total,
+        new=job.new_images or 0,
+        changed=job.changed_images or 0,
+        retried=job.retried_images or 0,
+        skipped=job.skipped_images or 0,
+        done=counts.done,
+        failed=counts.failed,
+        rejected=counts.rejected,
+        pending=counts.pending,
+        duration_s=round((end - as_utc(job.created_at)).total_seconds(), 3),
+        nothing_new=job.enqueued_complete and counts.total == 0,
+    )
+
+
+def run_summaries(session: Session, schedule_name: str | None = None, limit: int = 20) -> list[RunSummary]:
+    """The newest scheduled runs first, of one schedule or of all."""
+    return [summarize_run(session, job) for job in list_runs(session, schedule_name, limit)]

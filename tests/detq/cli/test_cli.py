@@ -1,0 +1,164 @@
+"""The detq command line: help and examples everywhere, errors as one line with exit codes, tables, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+
+from detq import __version__
+from detq.cli.base import DetqCommand, DetqGroup
+from detq.cli.main import cli, main
+from detq.settings import get_settings
+from tests.support import write_jpeg
+
+
+def _commands(group: click.Group, prefix: str = "detq") -> Iterator[tuple[str, click.Command]]:
+    for name, command in group.commands.items():
+        path = f"{prefix} {name}"
+        yield path, command
+        if isinstance(command, click.Group):
+            yield from _commands(command, path)
+
+
+ALL_COMMANDS = list(_commands(cli))
+LEAF_COMMANDS = [(path, c) for path, c in ALL_COMMANDS if not isinstance(c, click.Group)]
+
+
+@pytest.fixture()
+def embedded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An embedded deployment in tmp_path, read fresh by the settings."""
+    for name in list(os.environ):
+        if name.startswith("DETQ_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DETQ_DATA_DIR", str(tmp_path / "data"))
+    get_settings.cache_clear()
+    yield tmp_path
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(("path", "command"), LEAF_COMMANDS, ids=[p for p, _ in LEAF_COMMANDS])
+def test_every_command_has_help_an_example_and_help_on_every_option(
+    path: str, command: click.Command
+) -> None:
+    assert isinstance(command, DetqCommand), f"{path} must be a DetqCommand (errors as one line)"
+    assert command.help and command.get_short_help_str(limit=80), path
+    assert command.epilog and "Examples:" in command.epilog and path in command.epilog, path
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name != "help":
+            assert param.help, f"{path} {param.opts[0]} has no help text"
+
+
+def test_groups_are_detq_groups_and_list_commands_by_role() -> None:
+    assert all(isinstance(c, DetqGroup) for _, c in ALL_COMMANDS if isinstance(c, click.Group))
+    assert cli.list_commands(click.Context(cli))[:5] == ["enqueue", "status", "jobs", "export", "requeue"]
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"detq {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [(["enqueu", "x"], "Did you mean one of: 'enqueue', 'requeue'?"), (["status", "--jsn"], "--json")],
+)
+def test_a_typo_gets_usage_and_a_suggestion(
+    argv: list[str], suggestion: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Usage: detq" in err and suggestion in err
+
+
+def test_bad_values_are_usage_errors_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["enqueue", "/tmp", "--batch-size", "0"]) == 2
+    assert "1<=x<=1024" in capsys.readouterr().err
+    assert main(["worker", "--pool", "cpu", "-Q", "gpu,control"]) == 2
+    assert "queues are gpu, cpu, any" in capsys.readouterr().err
+
+
+def test_completion_script_for_each_shell(capsys: pytest.CaptureFixture[str]) -> None:
+    for shell in ("bash", "zsh", "fish"):
+        assert main(["completion", shell]) == 0
+        assert "_DETQ_COMPLETE" in capsys.readouterr().out
+
+
+def test_bad_configuration_is_one_line_naming_the_variable(
+    embedded: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DETQ_MICRO_BATCH", "zero")
+    assert main(["jobs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("detq jobs: bad configuration: DETQ_MICRO_BATCH:")
+
+
+def test_an_unreachable_database_is_one_line(
+    embedded: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DETQ_DATABASE_URL", "postgresql://detq:secret@127.0.0.1:1/detq")
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("detq status: cannot reach the database at postgresql")
+    assert "secret" not in err[0]
+
+
+def test_jobs_status_and_export_on_a_real_embedded_ledger(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given no jobs, Then jobs says so
+    assert main(["jobs"]) == 0
+    assert capsys.readouterr().out.strip() == "no jobs yet"
+    # When two images are enqueued (no worker: they stay queued)
+    images = embedded / "images"
+    images.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(images / name, (32, 32))
+    assert main(["enqueue", str(images), "--json"]) == 0
+    queued = json.loads(capsys.readouterr().out)
+    assert (queued["total"], queued["batches"]) == (2, 1)
+    # Then jobs is a table with headers, and --json gives the same job
+    assert main(["jobs"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["JOB", "STATE", "FINISHED", "TOTAL"]
+    assert row.split()[:4] == [str(queued["job_id"]), "queued", "0", "2"]
+    assert main(["jobs", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["job_id"], listed["state"], listed["pending"]) == (queued["job_id"], "queued", 2)
+    # And status of an unknown job is one line with exit 1
+    assert main(["status", "999"]) == 1
+    assert capsys.readouterr().err.strip() == "detq status: no job 999"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "coco"])
+def test_export_of_an_unknown_job_fails_and_leaves_the_file_alone(
+    embedded: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an earlier results file
+    target = embedded / "results.out"
+    target.write_text("earlier results\n")
+    # When a job that does not exist is exported over it
+    assert main(["export", "999", "--format", fmt, "-o", str(target)]) == 1
+    # Then the command fails in one line, and the file is as it was, with no partial file beside it
+    assert capsys.readouterr().err.strip() == "detq export: no job 999"
+    assert target.read_text() == "earlier results\n"
+    assert sorted(p.name for p in embedded.iterdir() if p.name.startswith(".")) == []
+
+
+def test_export_into_a_missing_folder_is_a_clear_error(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = embedded / "images"
+    images.mkdir()
+    write_jpeg(images / "a.jpg", (16, 16))
+    assert main(["enqueue", str(images)]) == 0
+    capsys.readouterr()
+    assert main(["export", "1", "--format", "csv", "-o", str(embedded / "nowhere" / "r.csv")]) == 1
+    err = capsys.readouterr().err.strip()
+    missing = embedded / "nowhere"
+    assert err == f"detq export: cannot write {missing / 'r.csv'}: folder {missing} does not exist"

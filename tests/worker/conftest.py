@@ -1,0 +1,72 @@
+"""A real worker runtime for unit tests: an SQLite ledger in a temporary folder, tiny TorchScript models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from db.images_repo import NewImage, insert_images
+from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
+from db.ledger import open_ledger
+from detq.modelfile import file_sha256
+from detq.settings import Settings
+from detq.vocabulary import Pool
+from tests.support import save_fixed_box_model
+from worker.models.loading import load_model_for_device
+from worker.runtime import WorkerRuntime
+
+
+@dataclass
+class Staged:
+    """A job in the ledger over some files, ready for its batch."""
+
+    job_id: int
+    image_ids: list[int]
+    names: dict[int, str]  # image id -> file name
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    """Settings of an embedded deployment in tmp_path, using the fixed-box test model."""
+    model = save_fixed_box_model(tmp_path / "fixed_box.pt")
+    return Settings(_env_file=None, data_dir=tmp_path / "data", model=model, micro_batch=4)  # type: ignore[call-arg]
+
+
+@pytest.fixture()
+def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
+    """A pool process's runtime, built as worker.bootstrap builds it, on the CPU."""
+    ledger = open_ledger(settings)
+    made = WorkerRuntime(
+        settings=settings,
+        ledger=ledger,
+        device="cpu",
+        default_model=load_model_for_device(settings.model, "cpu"),
+    )
+    yield made
+    made.close()
+
+
+@pytest.fixture()
+def stage(runtime: WorkerRuntime) -> Callable[..., Staged]:
+    """Record a job over files of a root (enqueue's rows, without a broker)."""
+
+    def make(root: Path, names: list[str], model: Path | None = None) -> Staged:
+        model_path = model or runtime.settings.model
+        with runtime.ledger.sessions() as session, session.begin():
+            record = get_or_create_model(
+                session,
+                sha256=file_sha256(model_path),
+                path=str(model_path),
+                size_bytes=model_path.stat().st_size,
+                meta={},
+            )
+            job = create_job(session, model_id=record.id, roots=[str(root)], pool=Pool.CPU, batch_size=16)
+            rows = [NewImage(str(root / name), 0, 0.0, 0) for name in names]
+            ids = insert_images(session, job.id, rows)
+            finish_enqueue(session, job.id, len(ids))
+            return Staged(job_id=job.id, image_ids=ids, names=dict(zip(ids, names, strict=True)))
+
+    return make

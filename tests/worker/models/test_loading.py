@@ -1,0 +1,65 @@
+"""map_location: a GPU-saved TorchScript file loads on this CPU host; broken models fail early."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support import retag_archive_device, save_fixed_box_model
+from worker.models.loading import ModelLoadError, load_model_for_device
+
+CUDA_LOAD_ERROR = re.compile(r"CUDA|NVIDIA|cuda", re.IGNORECASE)
+
+
+def test_cuda_tagged_archive_fails_plain_load_and_loads_with_map_location(tmp_path: Path) -> None:
+    # Given a model file whose tensors are tagged cuda:0, as torch.jit.save writes them on a GPU host
+    cpu_file = save_fixed_box_model(tmp_path / "cpu.pt", classes=("bg", "thing"))
+    cuda_file = tmp_path / "cuda.pt"
+    assert retag_archive_device(cpu_file, cuda_file) >= 1
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU: the seed failure only happens on CPU-only hosts")
+    # When it is loaded the naive way on this CPU-only host, it fails as reported
+    with pytest.raises(Exception, match=CUDA_LOAD_ERROR), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.load(str(cuda_file))
+    # Then the worker's loader remaps it to the CPU and it answers like the CPU-saved file
+    from_cuda = load_model_for_device(cuda_file, "cpu")
+    from_cpu = load_model_for_device(cpu_file, "cpu")
+    image = [torch.rand(3, 60, 80)]
+    with torch.inference_mode():
+        a, b = from_cuda.module(image)[0], from_cpu.module(image)[0]
+    assert torch.equal(a["boxes"], b["boxes"])
+    assert a["boxes"].tolist() == [[20.0, 15.0, 60.0, 45.0]]
+    assert from_cuda.meta.classes == ("bg", "thing")
+    assert from_cuda.device == torch.device("cpu")
+    assert from_cuda.sha256 != from_cpu.sha256
+
+
+def test_not_a_model_fails_with_a_clear_message(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="cannot load .* as TorchScript"):
+        load_model_for_device(junk, "cpu")
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model_for_device(tmp_path / "nope.pt", "cpu")
+
+
+def test_model_breaking_the_output_contract_fails_warm_up(tmp_path: Path) -> None:
+    class Wrong(torch.nn.Module):
+        def forward(self, images: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack([i.mean() for i in images])
+
+    path = tmp_path / "wrong.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        meta = {"detq.json": '{"format": "torchvision"}'}
+        torch.jit.save(torch.jit.script(Wrong()), str(path), _extra_files=meta)
+    with pytest.raises(ModelLoadError, match="breaks the torchvision contract"):
+        load_model_for_device(path, "cpu")

@@ -1,0 +1,220 @@
+"""process_batch and run_batch against a real SQLite ledger and real TorchScript models, no worker process."""
+
+from __future__ import annotations
+
+import signal
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import func, select
+
+from db.models import Detection, Image, Job
+from detq.contract import BatchMessage
+from detq.vocabulary import ImageStatus
+from tests.support import write_corrupt_folder, write_jpeg
+from tests.worker.conftest import Staged
+from worker.batch import fail_pending, process_batch, run_batch
+from worker.runtime import WorkerRuntime
+
+Stage = Callable[..., Staged]
+
+
+def _rows(runtime: WorkerRuntime, job_id: int) -> dict[int, Image]:
+    with runtime.ledger.sessions() as session:
+        return {i.id: i for i in session.scalars(select(Image).where(Image.job_id == job_id))}
+
+
+def _detections(runtime: WorkerRuntime, image_id: int) -> list[tuple[float, float, float, float]]:
+    with runtime.ledger.sessions() as session:
+        rows = session.scalars(
+            select(Detection).where(Detection.image_id == image_id).order_by(Detection.rank)
+        )
+        return [(d.x1, d.y1, d.x2, d.y2) for d in rows]
+
+
+def test_a_batch_ends_every_image_done_with_boxes_in_original_pixels(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given three JPEGs of different sizes queued as one batch
+    sizes = {"a.jpg": (320, 240), "b.jpg": (200, 300), "c.jpg": (641, 359)}
+    for name, size in sizes.items():
+        write_jpeg(tmp_path / name, size)
+    job = stage(tmp_path, list(sizes))
+    # When the batch is processed
+    report = process_batch(runtime, job.job_id, job.image_ids)
+    # Then each image is done with the fixed box at 25%..75% of its own size, and the job is finished
+    assert (report.written, report.done, report.skipped) == (3, 3, 0)
+    rows = _rows(runtime, job.job_id)
+    for image_id, name in job.names.items():
+        w, h = sizes[name]
+        assert rows[image_id].status == ImageStatus.DONE
+        assert (rows[image_id].width, rows[image_id].height) == (w, h)
+        assert rows[image_id].device == "cpu" and rows[image_id].worker == runtime.worker_name
+        ((x1, y1, x2, y2),) = _detections(runtime, image_id)
+        assert (x1, y1, x2, y2) == pytest.approx((w * 0.25, h * 0.25, w * 0.75, h * 0.75), abs=0.01)
+    with runtime.ledger.sessions() as session:
+        assert session.get(Job, job.job_id).finished_at is not None  # type: ignore[union-attr]
+
+
+def test_bad_files_fail_or_are_rejected_alone_and_their_batch_mates_finish(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given good, empty, truncated, non-image and escaping files, and one that vanished after the scan
+    folder = tmp_path / "in"
+    expected = write_corrupt_folder(folder, tmp_path / "outside")
+    names = [*expected, "vanished.jpg"]
+    job = stage(folder, names)
+    # When the batch is processed
+    report = process_batch(runtime, job.job_id, job.image_ids)
+    # Then each ends in its own terminal state with a reason, and only the good ones have boxes
+    rows = {job.names[i]: row for i, row in _rows(runtime, job.job_id).items()}
+    assert {name: rows[name].status for name in expected} == expected
+    assert (
+        rows["vanished.jpg"].status == ImageStatus.FAILED and rows["vanished.jpg"].reason == "file not found"
+    )
+    assert rows["empty.jpg"].reason == "empty file (0 bytes)"
+    assert "outside the job root" in (rows["escape.jpg"].reason or "")
+    assert all(rows[n].reason for n in names if rows[n].status != ImageStatus.DONE)
+    assert report.done == 3 and report.rejected == 1 and report.failed == len(names) - 4
+
+
+class _FailsOnNarrowImages(torch.nn.Module):
+    """torchvision format; raises for an image 13 pixels wide, as a model can fail on one odd input."""
+
+    def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        out: list[dict[str, torch.Tensor]] = []
+        for img in images:
+            if img.shape[2] == 13:
+                raise RuntimeError("unsupported width")
+            out.append(
+                {
+                    "boxes": torch.tensor([[1.0, 1.0, 5.0, 5.0]]),
+                    "labels": torch.ones(1, dtype=torch.int64),
+                    "scores": torch.full((1,), 0.8),
+                }
+            )
+        return out
+
+
+def _scripted(module: torch.nn.Module) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.jit.script(module.eval())
+
+
+def test_a_failing_forward_is_rerun_image_by_image_so_only_the_culprit_fails(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a model that fails on 13-pixel-wide images, and a micro-batch of four holding one of them
+    runtime.models[runtime.default_model.sha256] = replace(
+        runtime.default_model, module=_scripted(_FailsOnNarrowImages())
+    )
+    names = ["w40.jpg", "w13.jpg", "w41.jpg", "w42.jpg", "w43.jpg"]
+    for name in names:
+        write_jpeg(tmp_path / name, (int(name[1:3]), 20))
+    job = stage(tmp_path, names)
+    # When the batch is processed (micro-batch 4, then 1)
+    report = process_batch(runtime, job.job_id, job.image_ids)
+    # Then the narrow image alone failed with the model's reason; the others are done
+    rows = {job.names[i]: row for i, row in _rows(runtime, job.job_id).items()}
+    assert rows["w13.jpg"].status == ImageStatus.FAILED
+    assert (rows["w13.jpg"].reason or "").startswith("inference failed:")
+    assert "unsupported width" in (rows["w13.jpg"].reason or "")
+    assert all(rows[n].status == ImageStatus.DONE for n in names if n != "w13.jpg")
+    assert all(rows[n].infer_ms is not None and rows[n].infer_ms >= 0 for n in names)  # type: ignore[operator]
+    assert (report.done, report.failed) == (4, 1)
+
+
+def test_a_redelivered_batch_writes_nothing_twice(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a batch already processed once
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(tmp_path / name, (100, 80))
+    job = stage(tmp_path, ["a.jpg", "b.jpg"])
+    process_batch(runtime, job.job_id, job.image_ids)
+    # When the same batch is delivered again
+    again = process_batch(runtime, job.job_id, job.image_ids)
+    # Then it is skipped whole: one detection per image, one attempt each
+    assert (again.written, again.skipped) == (0, 2)
+    with runtime.ledger.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Detection)) == 2
+    assert [row.attempts for row in _rows(runtime, job.job_id).values()] == [1, 1]
+
+
+def test_fail_pending_gives_only_pending_images_a_reason(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a job of three images of which the first is done
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        write_jpeg(tmp_path / name, (64, 64))
+    job = stage(tmp_path, ["a.jpg", "b.jpg", "c.jpg"])
+    process_batch(runtime, job.job_id, job.image_ids[:1])
+    # When the batch is failed as a last resort
+    failed = fail_pending(runtime, job.job_id, job.image_ids, "batch error: boom")
+    # Then the two pending images fail with that reason and the done one is untouched
+    rows = _rows(runtime, job.job_id)
+    assert failed == 2
+    assert rows[job.image_ids[0]].status == ImageStatus.DONE
+    assert [rows[i].reason for i in job.image_ids[1:]] == ["batch error: boom", "batch error: boom"]
+
+
+def test_a_message_for_a_missing_job_writes_nothing(runtime: WorkerRuntime) -> None:
+    report = run_batch(runtime, BatchMessage(job_id=999, image_ids=[1, 2]))
+    assert (report.written, report.skipped) == (0, 0)
+
+
+class _SlowModel(torch.nn.Module):
+    """Answers like the fixed-box model, half a second per call: long enough for a timer to fire."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, images: list[torch.Tensor]) -> Any:
+        time.sleep(0.5)
+        return self.inner(images)
+
+
+@contextmanager
+def _soft_time_limit(seconds: float) -> Iterator[None]:
+    """Raise SoftTimeLimitExceeded in this thread after `seconds`, as billiard's pool does on its signal."""
+
+    def fire(signum: int, frame: Any) -> None:
+        raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_soft_time_limit_fails_the_unfinished_images_with_a_timeout_reason(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a slow model, micro-batches of one, and eight images
+    model = runtime.default_model
+    runtime.models[model.sha256] = replace(model, module=_SlowModel(model.module), max_batch=1)
+    names = [f"{i}.jpg" for i in range(8)]
+    for name in names:
+        write_jpeg(tmp_path / name, (64, 48))
+    job = stage(tmp_path, names)
+    # When the soft time limit fires part-way through the batch
+    with _soft_time_limit(1.2):
+        report = run_batch(runtime, BatchMessage(job.job_id, job.image_ids))
+    # Then every image is terminal, none was blamed for the timeout as a decode or inference error
+    rows = _rows(runtime, job.job_id)
+    assert all(row.status == ImageStatus.FAILED for row in rows.values())
+    assert {row.reason for row in rows.values()} == {"batch exceeded the task's soft time limit"}
+    assert report.failed == 8

@@ -1,0 +1,95 @@
+"""What each forked pool process does once at start: pick its device, load the model, open the ledger."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from db.ledger import open_ledger
+from detq.settings import Settings
+from detq.vocabulary import WorkerPool
+from worker.devices import device_for_process
+from worker.tasks import BatchTask
+
+log = logging.getLogger(__name__)
+
+EXIT_STARTUP_FAILED = 3
+
+
+def _shared_flag() -> Any:
+    # Shared memory inherited through fork: a child that cannot load the model flags it here, so the
+    # parent exits non-zero instead of respawning children that fail the same way forever.
+    return multiprocessing.RawValue(ctypes.c_int, 0)
+
+
+@dataclass
+class PoolBootstrap:
+    """The plan made in the parent before the fork, and the worker_process_init handler that runs it."""
+
+    settings: Settings
+    pool: WorkerPool
+    gpu_count: int
+    threads: int
+    decode_threads: int
+    model_sha256: str
+    task: BatchTask
+    failed: Any = field(default_factory=_shared_flag)
+
+    @property
+    def startup_failed(self) -> bool:
+        """True when a pool process could not start (set in the child, read in the parent)."""
+        return bool(self.failed.value)
+
+    def init_process(self, **_: Any) -> None:
+        """worker_process_init: device, threads, model and ledger for this child; the runtime on its task."""
+        try:
+            import torch
+            from billiard.process import current_process
+            from PIL import Image
+
+            from worker.models.loading import load_model_for_device
+            from worker.runtime import WorkerRuntime, meta_overrides
+
+            index = int(getattr(current_process(), "index", 0) or 0)
+            device = device_for_process(self.pool, index, self.gpu_count)
+            torch.set_num_threads(self.threads)
+            if device.startswith("cuda"):
+                torch.cuda.set_device(torch.device(device))
+            Image.MAX_IMAGE_PIXELS = self.settings.max_image_pixels
+            model = load_model_for_device(
+                self.settings.model,
+                device,
+                sha256=self.model_sha256,
+                overrides=meta_overrides(self.settings),
+            )
+            self.task.runtime = WorkerRuntime(
+                settings=self.settings,
+                # A ledger of its own: pooled connections must never cross a fork.
+                ledger=open_ledger(self.settings, check_schema=False),
+                device=device,
+                default_model=model,
+                decode_executor=(
+                    ThreadPoolExecutor(self.decode_threads, thread_name_prefix="decode")
+                    if self.decode_threads > 1
+                    else None
+                ),
+            )
+            log.info(
+                "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads",
+                index,
+                os.getpid(),
+                device,
+                self.threads,
+                self.decode_threads,
+            )
+        except Exception as exc:  # noqa: BLE001 - any start-up failure must stop the whole worker
+            log.critical("detq: pool process %d could not start: %s", os.getpid(), exc)
+            self.failed.value = 1
+            os.kill(os.getppid(), signal.SIGTERM)
+            os._exit(EXIT_STARTUP_FAILED)

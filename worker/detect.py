@@ -1,0 +1,118 @@
+"""Images of a batch to results: confine and decode each (ahead, on threads), detect in micro-batches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from db.images_repo import ImageResult, PendingImage
+from detq.vocabulary import ImageStatus
+from worker.decode import DecodedImage, ImageRejected, ImageUnreadable, decode_image
+from worker.inference import InferenceOutcome, run_model
+from worker.models.loading import LoadedModel
+from worker.paths import PathRejected, resolve_confined
+from worker.rows import to_detection_rows
+from worker.runtime import WorkerRuntime
+
+
+def prepare_image(
+    runtime: WorkerRuntime, model: LoadedModel, image: PendingImage, roots: Sequence[str]
+) -> DecodedImage | ImageResult:
+    """Decode one image or say why it ends here (rejected by policy, or failed with a reason)."""
+    settings = runtime.settings
+    try:
+        if not 0 <= image.root_index < len(roots):
+            raise PathRejected(f"image names root #{image.root_index}, the job has {len(roots)}")
+        path = resolve_confined(image.path, roots[image.root_index], settings.allowed_root_paths)
+        return decode_image(
+            Path(path),
+            target_size=model.decode_target,
+            max_pixels=settings.max_image_pixels,
+            max_bytes=settings.max_file_bytes,
+        )
+    except SoftTimeLimitExceeded:
+        raise  # the batch's time is up: never one image's decode error
+    except (PathRejected, ImageRejected) as exc:
+        return ImageResult(image_id=image.id, status=ImageStatus.REJECTED, reason=str(exc))
+    except FileNotFoundError:
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason="file not found")
+    except ImageUnreadable as exc:
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=str(exc))
+    except OSError as exc:
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=f"cannot read file: {exc}")
+    except Exception as exc:  # noqa: BLE001 - Pillow raises struct.error, IndexError... on malformed files
+        reason = f"cannot decode image: {type(exc).__name__}: {exc}"
+        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=reason)
+
+
+def detect_images(
+    runtime: WorkerRuntime, model: LoadedModel, images: Sequence[PendingImage], roots: Sequence[str]
+) -> list[ImageResult]:
+    """Results for every image given, good or bad, in input order.
+
+    With decode threads, images are decoded ahead in the background while the model runs on the
+    micro-batch already decoded (Pillow releases the GIL while decoding).
+    """
+    results: dict[int, ImageResult] = {}
+    chunk: list[tuple[PendingImage, DecodedImage, float]] = []
+
+    def prepare(image: PendingImage) -> tuple[DecodedImage | ImageResult, float]:
+        began = time.perf_counter()
+        prepared = prepare_image(runtime, model, image, roots)
+        return prepared, (time.perf_counter() - began) * 1000
+
+    def flush() -> None:
+        outcomes = run_model(model, [d.image for _, d, _ in chunk], len(chunk))
+        for (image, dec, decode_ms), outcome in zip(chunk, outcomes, strict=True):
+            results[image.id] = result_for(image, dec, decode_ms, outcome, model)
+        chunk.clear()
+
+    executor = runtime.decode_executor
+    prepared_all = executor.map(prepare, images) if executor is not None else map(prepare, images)
+    for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
+        if isinstance(prepared, ImageResult):
+            results[image.id] = prepared
+            continue
+        chunk.append((image, prepared, decode_ms))
+        if len(chunk) >= runtime.settings.micro_batch:
+            flush()
+    if chunk:
+        flush()
+    return [results[image.id] for image in images]
+
+
+def result_for(
+    image: PendingImage, dec: DecodedImage, decode_ms: float, outcome: InferenceOutcome, model: LoadedModel
+) -> ImageResult:
+    """One image's terminal result from its forward: done with rows in original pixels, or failed."""
+    if outcome.detections is None:
+        return ImageResult(
+            image_id=image.id,
+            status=ImageStatus.FAILED,
+            reason=outcome.error,
+            width=dec.width,
+            height=dec.height,
+            decode_ms=decode_ms,
+            infer_ms=outcome.infer_ms,
+        )
+    rows = to_detection_rows(
+        outcome.detections,
+        scale_x=dec.scale_x,
+        scale_y=dec.scale_y,
+        width=dec.width,
+        height=dec.height,
+        meta=model.meta,
+        score_threshold=model.meta.score_threshold,  # settings and CLI overrides are folded in
+    )
+    return ImageResult(
+        image_id=image.id,
+        status=ImageStatus.DONE,
+        width=dec.width,
+        height=dec.height,
+        detections=rows,
+        decode_ms=decode_ms,
+        infer_ms=outcome.infer_ms,
+    )

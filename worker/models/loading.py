@@ -1,0 +1,229 @@
+"""Load a model file once per process onto that process's device, settle its format, and warm it up."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
+from detq.vocabulary import ModelFormat
+from worker.models.devicefix import rewrite_device_constants
+from worker.models.formats import FormatAdapter, adapter_for
+from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
+from worker.models.outputs import ModelOutputError, parse_torchvision_output
+from worker.models.ultralytics import parse_ultralytics_config
+from worker.models.yolo import guess_layout, yolo_tensor
+
+log = logging.getLogger(__name__)
+
+TORCHVISION_PROBE_SIZE = (320, 320)
+REEXPORT_HINT = (
+    "Re-export it device-agnostic: create tensors with device=x.device instead of a fixed device, trace or "
+    "export on the CPU, or use torch.export and let detq move the program with move_to_device_pass."
+)
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded or failed its warm-up on this device."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for inference on one device, with the adapter of its output format."""
+
+    module: Any
+    meta: ModelMeta
+    adapter: FormatAdapter
+    device: torch.device
+    path: Path
+    sha256: str
+    kind: str
+    load_ms: float
+    warmup_ms: float
+    max_batch: int | None = None
+    repaired_devices: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def decode_target(self) -> tuple[int, int] | None:
+        """(height, width) the decoder may reduce JPEGs toward."""
+        if self.meta.fixed_input:
+            return self.meta.fixed_input_size()
+        return self.meta.input_size
+
+
+def _quiet_jit_load(path: Path, device: torch.device, extra: dict[str, Any]) -> Any:
+    with warnings.catch_warnings():
+        # torch 2.14 marks TorchScript deprecated; loading users' existing TorchScript files is the job.
+        warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
+        # map_location: tensors saved on cuda:N are remapped to this process's device. Without it a
+        # GPU-saved file fails on a CPU host ("Could not run 'aten::empty_strided' ... 'CUDA' backend").
+        return torch.jit.load(str(path), map_location=device, _extra_files=extra)  # type: ignore[no-untyped-call]
+
+
+def _load_exported(path: Path, device: torch.device, extra: dict[str, Any]) -> Any:
+    from torch.export.passes import move_to_device_pass
+
+    program = torch.export.load(str(path), extra_files=extra)
+    # An exported program fixes its device at export time and has no map_location; this pass rewrites it.
+    return move_to_device_pass(program, device).module()
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value or "")
+
+
+def resolve_meta(path: Path, extra: dict[str, Any], overrides: MetaOverrides) -> ModelMeta:
+    """detq.json in the file, else Ultralytics' config.txt, else a sidecar JSON; then overrides."""
+    try:
+        meta = ModelMeta()
+        detq_text = _text(extra.get(META_EXTRA_FILE))
+        ultra_text = _text(extra.get(ULTRALYTICS_EXTRA_FILE))
+        if detq_text:
+            raw = json.loads(detq_text)
+            if not isinstance(raw, dict):
+                raise ModelMetaError(f"{META_EXTRA_FILE} must hold a JSON object")
+            meta = parse_model_meta(raw, source=f"{META_EXTRA_FILE} in the model file")
+        elif ultra_text:
+            meta = parse_model_meta(parse_ultralytics_config(ultra_text), source="Ultralytics config.txt")
+        else:
+            sidecar = read_sidecar(path)
+            if sidecar is not None:
+                meta = parse_model_meta(sidecar[0], source=sidecar[1])
+        return overrides.apply(meta)
+    except ValueError as exc:  # ModelMetaError, JSON errors, unsupported Ultralytics task
+        raise ModelLoadError(f"bad metadata for {path.name}: {exc}") from exc
+
+
+def _guess_format(module: Any, meta: ModelMeta, device: torch.device) -> tuple[ModelMeta, str]:
+    """No format in the metadata: try the torchvision contract, then a fixed-size batch; read the output."""
+    height, width = meta.input_size or TORCHVISION_PROBE_SIZE
+    try:
+        with torch.inference_mode():
+            parse_torchvision_output(module([torch.zeros(3, height, width, device=device)]), expected=1)
+        return meta.with_format(ModelFormat.TORCHVISION), "guessed torchvision from its list-of-dicts output"
+    except Exception:  # noqa: BLE001 - not a torchvision-style model; try a fixed-size batch next
+        pass
+    fixed_h, fixed_w = meta.fixed_input_size()
+    with torch.inference_mode():
+        output = module(torch.zeros(1, 3, fixed_h, fixed_w, device=device))
+    pred = yolo_tensor(output)
+    fmt, warning = guess_layout(tuple(pred.shape), len(meta.classes) or None)
+    note = f"guessed {fmt} from its output shape {tuple(pred.shape)}"
+    if warning:
+        note += f" ({warning})"
+    return meta.with_format(fmt), note
+
+
+def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, count: int) -> None:
+    height, width = meta.fixed_input_size() if meta.fixed_input else TORCHVISION_PROBE_SIZE
+    images = [Image.new("RGB", (width, height), (114, 114, 114)) for _ in range(count)]
+    inputs, _ = adapter.prepare(images, device)
+    with torch.inference_mode():
+        adapter.parse(module(inputs), count)
+
+
+def _warm_up_and_probe_batch(
+    module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device
+) -> int | None:
+    """Warm up once; returns 1 when a fixed-input model only takes batches of one, else None (no limit).
+
+    Fixed-input exports are often traced for batch 1: a batch of two finds out at start-up, not on every
+    micro-batch; the single-image warm-up then runs only for those.
+    """
+    if meta.fixed_input:
+        try:
+            _warm_up(module, adapter, meta, device, count=2)
+            return None
+        except Exception:  # noqa: BLE001 - retried with one image below; a failure there is the real error
+            _warm_up(module, adapter, meta, device, count=1)
+            return 1
+    _warm_up(module, adapter, meta, device, count=1)
+    return None
+
+
+def load_model_for_device(
+    path: Path, device: str, *, sha256: str | None = None, overrides: MetaOverrides | None = None
+) -> LoadedModel:
+    """Load with the device remapped, repair baked device constants, settle the format, warm up once."""
+    import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
+
+    target = torch.device(device)
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    digest = sha256 or file_sha256(path)
+    kind = archive_kind(path)
+    started = time.perf_counter()
+    extra: dict[str, Any] = {META_EXTRA_FILE: "", ULTRALYTICS_EXTRA_FILE: ""}
+    repaired: list[str] = []
+    try:
+        if kind == "export":
+            module = _load_exported(path, target, extra)
+        else:
+            module = _quiet_jit_load(path, target, extra)
+            module.eval()
+            repaired = rewrite_device_constants(module, target)
+    except Exception as exc:
+        what = "torch.export program" if kind == "export" else "TorchScript"
+        raise ModelLoadError(f"cannot load {path} as {what} on {target}: {exc}") from exc
+    if repaired:
+        log.warning("detq: %s had device constants baked into its graph; rewrote %s", path.name, repaired)
+    meta = resolve_meta(path, extra, overrides or MetaOverrides())
+    load_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    notes: list[str] = []
+    try:
+        if meta.format is None:
+            meta, note = _guess_format(module, meta, target)
+            notes.append(note)
+            log.warning("detq: %s has no format in its metadata: %s", path.name, note)
+        if meta.fixed_input:
+            meta = meta.with_yolo_defaults()
+        adapter = adapter_for(meta)
+        max_batch = _warm_up_and_probe_batch(module, adapter, meta, target)
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
+    except ModelOutputError as exc:
+        raise ModelLoadError(
+            f"{path} loaded but its output breaks the {meta.format} contract: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{path} loaded but its warm-up forward on {target} failed: {exc}. "
+            + (f"Rewrote device constants {repaired}. " if repaired else "")
+            + REEXPORT_HINT
+        ) from exc
+    warmup_ms = (time.perf_counter() - started) * 1000
+    log.info(
+        "detq: loaded model %s (%s, %s, format %s from %s) on %s in %.0f ms, warm-up %.0f ms",
+        path.name,
+        digest[:12],
+        kind,
+        meta.format,
+        meta.source,
+        target,
+        load_ms,
+        warmup_ms,
+    )
+    return LoadedModel(
+        module=module,
+        meta=meta,
+        adapter=adapter,
+        device=target,
+        path=path,
+        sha256=digest,
+        kind=kind,
+        load_ms=load_ms,
+        warmup_ms=warmup_ms,
+        max_batch=max_batch,
+        repaired_devices=tuple(repaired),
+        notes=tuple(notes),
+    )

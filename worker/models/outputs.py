@@ -1,0 +1,47 @@
+"""What a model returns, read into per-image boxes, labels and scores; the error for a broken contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class ModelOutputError(ValueError):
+    """The model's output does not follow the expected contract."""
+
+
+@dataclass(frozen=True)
+class RawDetections:
+    """One image's detections in model-input (decoded) pixels, on the CPU."""
+
+    boxes: torch.Tensor  # float [N, 4] x1, y1, x2, y2
+    labels: torch.Tensor  # int64 [N]
+    scores: torch.Tensor  # float [N]
+
+
+def parse_torchvision_output(output: Any, expected: int) -> list[RawDetections]:
+    """Accept torchvision's list of dicts, or the (losses, detections) tuple of scripted detectors."""
+    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], dict):
+        output = output[1]
+    if not isinstance(output, list | tuple) or len(output) != expected:
+        raise ModelOutputError(
+            f"expected a list of {expected} dicts with boxes/labels/scores, got {type(output).__name__}"
+            + (f" of length {len(output)}" if isinstance(output, list | tuple) else "")
+        )
+    parsed: list[RawDetections] = []
+    for item in output:
+        if not isinstance(item, dict) or not {"boxes", "labels", "scores"} <= item.keys():
+            raise ModelOutputError("each output item must be a dict with 'boxes', 'labels' and 'scores'")
+        boxes = item["boxes"].detach().to("cpu", torch.float32)
+        labels = item["labels"].detach().to("cpu", torch.int64)
+        scores = item["scores"].detach().to("cpu", torch.float32)
+        n = boxes.shape[0]
+        if boxes.dim() != 2 or boxes.shape[1] != 4 or labels.shape != (n,) or scores.shape != (n,):
+            raise ModelOutputError(
+                f"bad shapes: boxes {tuple(boxes.shape)}, labels {tuple(labels.shape)}, "
+                f"scores {tuple(scores.shape)}"
+            )
+        parsed.append(RawDetections(boxes=boxes, labels=labels, scores=scores))
+    return parsed

@@ -1,0 +1,108 @@
+"""`detq worker`: plan the pool in the parent (no CUDA here), then run Celery's prefork pool."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+from celery.signals import worker_process_init
+from celery.utils.nodenames import default_nodename, host_format
+from kombu.utils.url import maybe_sanitize_url
+
+from db.ledger import ledger
+from detq.celery_app import make_celery_app
+from detq.contract import QUEUES_BY_POOL
+from detq.errors import DetqError
+from detq.host import usable_cores
+from detq.modelfile import file_sha256
+from detq.settings import Settings
+from detq.vocabulary import WorkerPool
+from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
+from worker.devices import (
+    NoGpuError,
+    decode_threads_per_process,
+    default_concurrency,
+    probe_cuda_device_count,
+    threads_per_process,
+)
+from worker.tasks import register_tasks
+
+log = logging.getLogger(__name__)
+
+
+class WorkerStartupError(DetqError):
+    """The pool cannot start here: no model file, no GPU for a GPU pool, or a process failed to start."""
+
+    exit_code = EXIT_STARTUP_FAILED
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    pool: WorkerPool,
+    concurrency: int | None,
+    loglevel: str,
+    hostname: str | None = None,
+    queues: Sequence[str] | None = None,
+    announce: Callable[[str], None] = log.info,
+) -> int:
+    """Run a GPU or CPU pool until stopped; returns its exit code. Raises WorkerStartupError first."""
+    if not settings.model.is_file():
+        raise WorkerStartupError(f"model file not found: {settings.model}")
+    cores = usable_cores()
+    gpu_count = probe_cuda_device_count() if pool is WorkerPool.GPU else 0
+    try:
+        # Refuses a GPU pool on a host without CUDA, whatever concurrency was asked for.
+        default = default_concurrency(pool, cores=cores, gpu_count=gpu_count)
+    except NoGpuError as exc:
+        raise WorkerStartupError(str(exc)) from exc
+    processes = concurrency or settings.worker_concurrency or default
+    with ledger(settings):  # migrates the embedded default, refuses an old PostgreSQL schema
+        pass
+    threads = threads_per_process(pool, cores=cores, concurrency=processes)
+    decoders = settings.decode_threads or decode_threads_per_process(pool, cores=cores, concurrency=processes)
+    app = make_celery_app(settings)
+    bootstrap = PoolBootstrap(
+        settings=settings,
+        pool=pool,
+        gpu_count=gpu_count,
+        threads=threads,
+        decode_threads=decoders,
+        # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
+        model_sha256=file_sha256(settings.model),
+        task=register_tasks(app),
+    )
+    worker_process_init.connect(bootstrap.init_process, weak=False)
+    consumed = list(queues or QUEUES_BY_POOL[pool])
+    # As `celery worker -n`: %h, %n and %d expand; a bare name is the host part.
+    node = (
+        host_format(default_nodename(hostname))
+        if hostname
+        else f"{pool}-{os.getpid()}@{socket.gethostname()}"
+    )
+    announce(
+        f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
+        f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
+        f"broker={maybe_sanitize_url(settings.resolved_broker_url)}"
+    )
+    worker = app.Worker(
+        hostname=node,
+        queues=consumed,
+        concurrency=processes,
+        pool_cls="prefork",
+        loglevel=loglevel.upper(),
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=settings.is_embedded_broker,
+        optimization="fair",
+        quiet=True,
+    )
+    try:
+        worker.start()
+    finally:
+        worker_process_init.disconnect(bootstrap.init_process)
+    if bootstrap.startup_failed:
+        raise WorkerStartupError("a pool process failed to start (see the log above); stopped")
+    return int(getattr(worker, "exitcode", 0) or 0)

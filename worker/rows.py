@@ -1,0 +1,39 @@
+"""One image's detections in decoded pixels to ledger rows in original pixels, clamped, sorted by score."""
+
+from __future__ import annotations
+
+import torch
+
+from db.images_repo import DetectionRow
+from worker.models.metadata import ModelMeta
+from worker.models.outputs import RawDetections
+
+
+def to_detection_rows(
+    raw: RawDetections,
+    *,
+    scale_x: float,
+    scale_y: float,
+    width: int,
+    height: int,
+    meta: ModelMeta,
+    score_threshold: float | None,
+) -> tuple[DetectionRow, ...]:
+    """Scale boxes to original pixels, clamp them to the image, drop low scores, sort by score."""
+    keep = torch.isfinite(raw.scores) & torch.isfinite(raw.boxes).all(dim=1)
+    if score_threshold is not None:
+        keep &= raw.scores >= score_threshold
+    boxes = raw.boxes[keep].clone()
+    labels = raw.labels[keep]
+    scores = raw.scores[keep]
+    boxes[:, 0::2] = (boxes[:, 0::2] * scale_x).clamp(0, width)
+    boxes[:, 1::2] = (boxes[:, 1::2] * scale_y).clamp(0, height)
+    order = torch.argsort(scores, descending=True, stable=True)
+    return tuple(
+        DetectionRow(
+            label_id=label_id, label=meta.label_name(label_id), score=score, x1=x1, y1=y1, x2=x2, y2=y2
+        )
+        for (x1, y1, x2, y2), label_id, score in zip(
+            boxes[order].tolist(), labels[order].tolist(), scores[order].tolist(), strict=True
+        )
+    )
