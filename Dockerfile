@@ -4,6 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY detq ./detq
 COPY db ./db
+COPY dispatch ./dispatch
 COPY worker ./worker
 COPY producer ./producer
 COPY demo ./demo

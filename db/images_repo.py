@@ -5,24 +5,27 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from db.jobs_repo import close_job_if_complete
+from db.jobs_repo import close_enqueue, close_job_if_complete
 from db.models import Detection, Image, Job, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
 
 @dataclass(frozen=True)
 class NewImage:
-    """An image file found by a scan, about to become a pending row."""
+    """An image file found by a scan, about to become a row: pending in a batch, or refused at once."""
 
     path: str
     size_bytes: int
     mtime: float
     root_index: int = 0
+    batch_id: int | None = None
+    rejected: str | None = None  # the reason, for a file refused before any worker sees it
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,10 @@ class PendingImage:
 
 
 def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> list[int]:
-    """Insert pending rows in one bulk INSERT ... RETURNING; the new ids in the order of images."""
+    """Insert rows in one bulk INSERT ... RETURNING; the new ids in the order of images."""
     if not images:
         return []
+    now = utcnow()
     rows = [
         {
             "job_id": job_id,
@@ -74,6 +78,10 @@ def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> 
             "size_bytes": image.size_bytes,
             "mtime": image.mtime,
             "root_index": image.root_index,
+            "batch_id": image.batch_id,
+            "status": ImageStatus.REJECTED.value if image.rejected else ImageStatus.PENDING.value,
+            "reason": image.rejected,
+            "finished_at": now if image.rejected else None,
         }
         for image in images
     ]
@@ -136,7 +144,6 @@ def record_results(
                     decode_ms=result.decode_ms,
                     infer_ms=result.infer_ms,
                     finished_at=now,
-                    attempts=Image.attempts + 1,
                 )
             ),
         )
@@ -164,6 +171,21 @@ def record_results(
         session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
         close_job_if_complete(session, job_id, now)
     return len(finalised)
+
+
+def abandon_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:
+    """An enqueue that cannot go on (its broker went away): pending images fail with reason, the job
+    closes; returns how many images failed. Copies already queued then find them finished."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Image)
+            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
+            .values(status=ImageStatus.FAILED.value, reason=reason, finished_at=now)
+        ),
+    )
+    close_enqueue(session, job_id, reason, now)
+    return outcome.rowcount
 
 
 def pending_image_ids(session: Session, job_id: int) -> list[int]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -64,6 +64,39 @@ def finish_enqueue(session: Session, job_id: int, total: int) -> None:
         update(Job).where(Job.id == job_id).values(total=total, enqueued_complete=True, enqueued_at=now)
     )
     close_job_if_complete(session, job_id, now)
+
+
+def touch_enqueue(session: Session, job_id: int, now: datetime) -> bool:
+    """The producer is still scanning this job; False if the job was closed meanwhile (it must stop)."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.enqueued_complete.is_(False)).values(enqueue_seen_at=now)
+        ),
+    )
+    return outcome.rowcount == 1
+
+
+def stale_enqueues(session: Session, seen_before: datetime) -> list[int]:
+    """Jobs still enqueuing whose producer has not been seen since seen_before (died mid-scan)."""
+    last_seen = func.coalesce(Job.enqueue_seen_at, Job.created_at)
+    return list(
+        session.scalars(
+            select(Job.id).where(Job.enqueued_complete.is_(False), last_seen < seen_before).order_by(Job.id)
+        )
+    )
+
+
+def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:
+    """End a job's enqueue with the images recorded so far, and say why; returns that count."""
+    recorded = session.scalar(select(func.count()).select_from(Image).where(Image.job_id == job_id)) or 0
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(total=recorded, enqueued_complete=True, enqueued_at=now, closed_reason=reason)
+    )
+    close_job_if_complete(session, job_id, now)
+    return recorded
 
 
 def close_job_if_complete(session: Session, job_id: int, now: datetime) -> bool:

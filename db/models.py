@@ -30,6 +30,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(value: datetime) -> datetime:
+    """A stored timestamp as an aware UTC datetime."""
+    # SQLite hands back naive datetimes even for timezone=True columns; they were written in UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     """Declarative base of every detq table."""
 
@@ -77,6 +83,10 @@ class Job(Base):
     changed_images: Mapped[int | None] = mapped_column(Integer)
     retried_images: Mapped[int | None] = mapped_column(Integer)
     skipped_images: Mapped[int | None] = mapped_column(Integer)
+    # Renewed by the producer while it scans (issue 7): a job left enqueuing with a stale time is closed
+    # by the reconciler with the images recorded so far, and closed_reason says so.
+    enqueue_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    closed_reason: Mapped[str | None] = mapped_column(Text)
 
     model: Mapped[ModelRecord] = relationship()
 
@@ -90,6 +100,7 @@ class Image(Base):
         Index("ix_images_job_status", "job_id", "status"),
         # Incremental scans look up a file's earlier outcomes by path (producer/incremental.py).
         Index("ix_images_path", "path"),
+        Index("ix_images_batch", "batch_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -108,6 +119,54 @@ class Image(Base):
     decode_ms: Mapped[float | None] = mapped_column(Float)
     infer_ms: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The batch message that delivers it, and the pool process working on it (attempts counts the
+    # starts). Plain columns, no foreign keys: SQLite cannot add those to an existing table in place.
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    claimed_by: Mapped[int | None] = mapped_column(BigInteger)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Batch(Base):
+    """One batch message of a job: its task id is derived from this id, so the broker's copy can be found."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    sends: Mapped[int] = mapped_column(Integer, default=0)
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the reconciler first found no copy of it queued or held; it is sent again after a grace period.
+    missing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerRecord(Base):
+    """A running detq worker: a node (the Celery consumer) or one of its pool processes, by heartbeat."""
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_alive", "stopped_at", "last_seen_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    # Where a pid means something: the host name and pid namespace, so a dead local pid is seen at once.
+    host_key: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(8))
+    device: Mapped[str | None] = mapped_column(String(32))
+    model_sha256: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
+    current_batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    # Task ids a node holds (reserved or running), so the reconciler never sends a second live copy.
+    held: Mapped[list[str]] = mapped_column(default=list)
+    batches_done: Mapped[int] = mapped_column(Integer, default=0)
+    images_done: Mapped[int] = mapped_column(Integer, default=0)
+    images_per_s: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class Detection(Base):

@@ -48,6 +48,24 @@ def batches_of(ids: list[int], batch_size: int) -> list[list[int]]:
     return [ids[start : start + size] for start in range(0, len(ids), size)]
 
 
+# A batch message's Celery task id names its ledger batch, so a copy in the broker can be told from a
+# lost one; a batch sent again keeps its task id.
+TASK_ID_PREFIX = "detq-batch-"
+
+
+def task_id_for(batch_id: int) -> str:
+    """The task id of a batch's messages."""
+    return f"{TASK_ID_PREFIX}{batch_id}"
+
+
+def batch_id_of(task_id: str | None) -> int | None:
+    """The batch a task id names, or None for a task id detq did not make."""
+    if not task_id or not task_id.startswith(TASK_ID_PREFIX):
+        return None
+    tail = task_id[len(TASK_ID_PREFIX) :]
+    return int(tail) if tail.isdigit() else None
+
+
 @dataclass(frozen=True)
 class BatchMessage:
     """The arguments of detq.process_batch: a job id and its image ids, plain positive integers."""

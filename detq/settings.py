@@ -88,12 +88,42 @@ class Settings(BaseSettings):
     max_retries: int = Field(
         default=2, ge=0, le=100, description="Later runs that retry an image that failed, before giving up."
     )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Starts of an image whose process died each time, before it is failed with that reason.",
+    )
+    worker_timeout: float = Field(
+        default=30.0,
+        ge=3.0,
+        le=3600,
+        description="A worker not seen for this long is dead: its batches are given back and sent again.",
+    )
     scheduler_lease_seconds: float = Field(
         default=30.0,
         ge=0.5,
         le=3600,
         description="Scheduler lease: renewed every third of it; a standby takes over once it runs out.",
     )
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often workers and producers say they are alive: six beats per worker_timeout."""
+        return self.worker_timeout / 6
+
+    @property
+    def reconcile_interval_s(self) -> float:
+        """How often the reconciler looks for lost workers and lost batches."""
+        return self.worker_timeout / 3
+
+    @property
+    def missing_grace_s(self) -> float:
+        """How long a batch must stay unseen (not queued, not held) before it is sent again.
+
+        Two heartbeats: a message just taken from the queue shows in its node's held list by then.
+        """
+        return self.heartbeat_interval_s * 2
 
     @property
     def resolved_data_dir(self) -> Path:

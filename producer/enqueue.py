@@ -5,27 +5,36 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.images_repo import NewImage, insert_images
+from db.batches_repo import create_batches, mark_sent
+from db.images_repo import NewImage, abandon_enqueue, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
+from db.models import utcnow
+from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
-from detq.contract import TASK_PROCESS_BATCH, BatchMessage, batches_of, check_batch_size, queue_for_pool
+from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
-from detq.modelfile import file_sha256, read_embedded_meta
+from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
 from detq.vocabulary import Pool
+from dispatch.send import check_broker, send_batch
+from producer.enqueue_watch import EnqueueWatch
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
-from producer.scan import scan_roots
+from producer.scan import ScannedFile, scan_roots
 
 log = logging.getLogger(__name__)
 
 # Image rows are inserted (and committed) in chunks of this many before their tasks are sent, so the
 # producer's memory stays flat on folders of millions of files and workers start while scanning goes on.
 INSERT_CHUNK = 2000
+# What a broker that cannot be reached raises: kombu wraps connection errors, sockets raise OSError.
+BROKER_ERRORS = (OperationalError, ConnectionError, TimeoutError)
 
 
 class EnqueueError(DetqError, ValueError):
@@ -41,10 +50,11 @@ class EnqueueResult:
     """A job that was created and queued."""
 
     job_id: int
-    total: int
+    total: int  # images queued
     batches: int
     model_sha256: str
     counts: RunCounts | None = None  # what an incremental (only_new) scan found
+    refused: int = 0  # files recorded as rejected at once (a name that is not UTF-8, a path too long)
 
 
 def check_roots(
@@ -86,6 +96,7 @@ def enqueue_folders(
     only_new: bool = False,
     max_retries: int = DEFAULT_MAX_RETRIES,
     run_key: RunKey | None = None,
+    heartbeat_s: float = 5.0,
 ) -> EnqueueResult:
     """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
 
@@ -99,59 +110,141 @@ def enqueue_folders(
     except ValueError as exc:
         raise EnqueueError(str(exc)) from None
     resolved = check_roots(roots, allowed_roots, recursive=recursive)
-    model_file = model_path.expanduser().resolve()
-    if not model_file.is_file():
-        raise EnqueueError(f"model file not found: {model_path}")
+    model_file = check_model_file(model_path)
+    try:
+        check_broker(app)
+    except BROKER_ERRORS as exc:
+        raise EnqueueError(f"cannot reach the broker: {_one_line(exc)}; nothing was queued") from None
     sha256 = file_sha256(model_file)
     meta = read_embedded_meta(model_file)
+    job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
 
-    with factory() as session, session.begin():
-        model = get_or_create_model(
-            session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
-        )
-        model_id, roots_text = model.id, [str(r) for r in resolved]
-        if run_key is None:
-            job_id = create_job(
-                session, model_id=model_id, roots=roots_text, pool=pool, batch_size=batch_size
-            ).id
-        else:
-            claimed = claim_run(
-                session, run_key, model_id=model_id, roots=roots_text, pool=pool, batch_size=batch_size
-            )
-            if claimed is None:
-                raise RunAlreadyClaimed(
-                    f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job"
-                )
-            job_id = claimed
-
-    total = 0
-    batches = 0
     tally = Tally() if only_new else None
+    sent = _Sent()
     files = scan_roots(resolved, recursive=recursive)
-    with app.producer_or_acquire() as producer:
-        while chunk := list(islice(files, INSERT_CHUNK)):
-            with factory() as session, session.begin():
-                if tally is not None:
-                    # Looked up in the insert's transaction: on SQLite no other run's rows slip in between.
-                    chunk = select_files(session, model_id, chunk, max_retries, tally)
-                rows = [NewImage(f.path, f.size_bytes, f.mtime, f.root_index) for f in chunk]
-                ids = insert_images(session, job_id, rows)
-            for batch in batches_of(ids, batch_size):
-                app.send_task(
-                    TASK_PROCESS_BATCH,
-                    args=BatchMessage(job_id, batch).args(),
-                    queue=queue,
-                    routing_key=queue,
-                    producer=producer,
-                )
-                batches += 1
-            total += len(ids)
-            if on_progress is not None:
-                on_progress(total, batches)
+    with EnqueueWatch(factory, job_id, heartbeat_s) as watch:
+        try:
+            while chunk := list(islice(files, INSERT_CHUNK)):
+                if watch.closed:
+                    raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
+                with factory() as session, session.begin():
+                    if tally is not None:
+                        # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
+                        chunk = select_files(session, model_id, chunk, max_retries, tally)
+                    batches, refused = _record_chunk(session, job_id, chunk, batch_size)
+                sent.recorded += refused + sum(len(ids) for _, ids in batches)
+                _send_chunk(factory, app, job_id, pool, batches, sent)
+                if on_progress is not None:
+                    on_progress(sent.images, sent.batches)
+        except BROKER_ERRORS as exc:
+            reason = f"not queued: the broker became unreachable during enqueue ({_one_line(exc)})"
+            in_transaction(factory, partial(abandon_enqueue, job_id=job_id, reason=reason, now=utcnow()))
+            raise EnqueueError(
+                f"job {job_id}: {reason}; closed after queueing {sent.images} images, the rest failed"
+            ) from None
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
         if counts is not None:
             set_run_counts(session, job_id, counts)
-        finish_enqueue(session, job_id, total)
-    log.info("job %d: %d images in %d batches queued on %r", job_id, total, batches, queue)
-    return EnqueueResult(job_id=job_id, total=total, batches=batches, model_sha256=sha256, counts=counts)
+        finish_enqueue(session, job_id, sent.recorded)
+    log.info("job %d: %d images in %d batches queued on %r", job_id, sent.images, sent.batches, queue)
+    return EnqueueResult(
+        job_id=job_id,
+        total=sent.images,
+        batches=sent.batches,
+        model_sha256=sha256,
+        counts=counts,
+        refused=sent.recorded - sent.images,
+    )
+
+
+@dataclass
+class _Sent:
+    images: int = 0  # queued
+    batches: int = 0
+    recorded: int = 0  # rows, refused names included
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def check_model_file(model_path: Path) -> Path:
+    """The resolved model file; EnqueueError unless it is a TorchScript or torch.export archive."""
+    model_file = model_path.expanduser().resolve()
+    if not model_file.is_file():
+        raise EnqueueError(f"model file not found: {model_path}")
+    if archive_kind(model_file) == "unknown":
+        raise EnqueueError(
+            f"{model_path} is not a model file detq can load (a TorchScript or torch.export archive)"
+        )
+    return model_file
+
+
+def _create_job(
+    factory: sessionmaker[Session],
+    model_file: Path,
+    sha256: str,
+    meta: dict[str, object],
+    roots: Sequence[Path],
+    pool: Pool,
+    batch_size: int,
+    run_key: RunKey | None,
+) -> tuple[int, int]:
+    with factory() as session, session.begin():
+        model = get_or_create_model(
+            session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
+        )
+        roots_text = [str(r) for r in roots]
+        if run_key is None:
+            job = create_job(session, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size)
+            return job.id, model.id
+        claimed = claim_run(
+            session, run_key, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+        )
+        if claimed is None:
+            raise RunAlreadyClaimed(f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job")
+        return claimed, model.id
+
+
+def _record_chunk(
+    session: Session, job_id: int, chunk: Sequence[ScannedFile], batch_size: int
+) -> tuple[list[tuple[int, list[int]]], int]:
+    """Insert a chunk's rows (refused names as rejected) in batches; (batch id, image ids) to send."""
+    now = utcnow()
+    refused = [
+        NewImage(f.path, f.size_bytes, f.mtime, f.root_index, rejected=f.refused) for f in chunk if f.refused
+    ]
+    accepted = [f for f in chunk if not f.refused]
+    groups = [accepted[i : i + batch_size] for i in range(0, len(accepted), batch_size)]
+    batch_ids = create_batches(session, job_id, [len(g) for g in groups], now)
+    rows = [
+        NewImage(f.path, f.size_bytes, f.mtime, f.root_index, batch_id=batch_id)
+        for batch_id, group in zip(batch_ids, groups, strict=True)
+        for f in group
+    ]
+    ids = insert_images(session, job_id, rows)
+    insert_images(session, job_id, refused)
+    out: list[tuple[int, list[int]]] = []
+    start = 0
+    for batch_id, group in zip(batch_ids, groups, strict=True):
+        out.append((batch_id, ids[start : start + len(group)]))
+        start += len(group)
+    return out, len(refused)
+
+
+def _send_chunk(
+    factory: sessionmaker[Session],
+    app: Celery,
+    job_id: int,
+    pool: Pool,
+    batches: Sequence[tuple[int, list[int]]],
+    sent: _Sent,
+) -> None:
+    with app.producer_or_acquire() as producer:
+        for batch_id, ids in batches:
+            send_batch(app, job_id=job_id, batch_id=batch_id, image_ids=ids, pool=pool, producer=producer)
+            sent.images += len(ids)
+            sent.batches += 1
+    in_transaction(factory, partial(mark_sent, batch_ids=[b for b, _ in batches], now=utcnow()))

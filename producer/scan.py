@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
+# A longer path would not fit PostgreSQL's index on images.path (about 2.7 KB per entry).
+MAX_PATH_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,24 @@ class ScannedFile:
     size_bytes: int
     mtime: float
     root_index: int
+    refused: str | None = None  # why it is recorded as rejected instead of queued
+
+
+def check_name(path: str) -> tuple[str, str | None]:
+    """The path as it can be stored, and why it is refused: a name that is not UTF-8, a path too long.
+
+    os.scandir hands back undecodable bytes as surrogates, which no database text column takes: such a
+    path is stored with the bytes shown as \\xNN escapes (readable, not openable) and refused.
+    """
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return shown, "file name is not valid UTF-8; rename the file to process it"
+    if size > MAX_PATH_BYTES:
+        digest = hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]  # keeps shortened paths distinct
+        return f"{path[:200]}...{digest}", f"path is {size} bytes long, over the limit of {MAX_PATH_BYTES}"
+    return path, None
 
 
 def is_image_name(name: str) -> bool:
@@ -57,5 +78,6 @@ def scan_roots(roots: Sequence[Path], *, recursive: bool = True) -> Iterator[Sca
                     size, mtime = info.st_size, info.st_mtime
                 except OSError:  # a dangling symlink: the worker records why it cannot be read
                     size, mtime = 0, 0.0
-                yield ScannedFile(path=entry.path, size_bytes=size, mtime=mtime, root_index=index)
+                stored, refused = check_name(entry.path)
+                yield ScannedFile(stored, size, mtime, index, refused)
             stack.extend(reversed(subfolders))

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from db.jobs_repo import JobCounts, get_job, job_counts
-from db.models import Job
+from db.models import Job, as_utc
 from detq.errors import DetqError
 from detq.vocabulary import JobState
 
@@ -40,12 +40,6 @@ class JobStatus:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
-
-
-def as_utc(value: datetime) -> datetime:
-    """A stored timestamp as an aware UTC datetime."""
-    # SQLite hands back naive datetimes even for timezone=True columns; they were written in UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def job_state(job: Job, counts: JobCounts) -> JobState:

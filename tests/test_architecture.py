@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("detq", "db", "worker", "producer", "demo")
+PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 

@@ -1,40 +1,65 @@
-"""Process one batch of image ids: read it, detect, and write every image's terminal state in one go."""
+"""Process one batch of image ids: claim, detect, and write every image's terminal state.
+
+Images a live process is already on are left to it. Images started before by a process that died are
+run one at a time, each in its own transaction, so a poison image takes only itself down; after
+DETQ_MAX_ATTEMPTS such starts it ends failed with that reason instead of looping for ever.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session
 
+from db.claims_repo import Claimable, ClaimView, claim, claimable_images
 from db.engine import is_transient_error
-from db.images_repo import ImageResult, PendingImage, load_images, record_results
+from db.images_repo import ImageResult, PendingImage, record_results
 from db.jobs_repo import get_job
+from db.models import utcnow
 from db.retry import in_transaction
 from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from worker.detect import detect_images
+from worker.heartbeat import still_running
 from worker.models.loading import ModelLoadError
 from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
+SOFT_LIMIT_REASON = "batch exceeded the task's soft time limit"
 
-@dataclass(frozen=True)
-class BatchReport:
-    """What a batch did: images newly finalised, and those already terminal (a redelivery)."""
 
-    written: int
-    skipped: int
-    done: int = 0
-    failed: int = 0
-    rejected: int = 0
+def died_reason(attempts: int) -> str:
+    """The reason of an image whose process died at each of its starts."""
+    return f"worker process died {attempts} times while processing this image"
 
 
 class JobMissing(LookupError):
     """A message names a job the ledger does not have (deleted, or a forged message)."""
+
+
+@dataclass
+class BatchReport:
+    """What a batch did: images newly finalised, and those left alone (already terminal, or busy)."""
+
+    written: int = 0
+    skipped: int = 0
+    done: int = 0
+    failed: int = 0
+    rejected: int = 0
+    results: list[ImageResult] = field(default_factory=list, repr=False)
+
+    def count(self, results: Sequence[ImageResult], written: int) -> None:
+        """Add what one write did."""
+        self.written += written
+        self.results.extend(results)
+        self.done += sum(r.status == ImageStatus.DONE for r in results)
+        self.failed += sum(r.status == ImageStatus.FAILED for r in results)
+        self.rejected += sum(r.status == ImageStatus.REJECTED for r in results)
 
 
 @dataclass(frozen=True)
@@ -45,19 +70,48 @@ class _JobView:
     model_path: str
 
 
-def _read_batch(
-    session: Session, job_id: int, image_ids: Sequence[int]
-) -> tuple[_JobView, list[PendingImage]]:
+def _read_job(session: Session, job_id: int) -> _JobView:
     job = get_job(session, job_id)
     if job is None:
         raise JobMissing(f"job {job_id} does not exist")
-    view = _JobView(
+    return _JobView(
         roots=list(job.roots), model_id=job.model_id, model_sha256=job.model.sha256, model_path=job.model.path
     )
-    return view, load_images(session, job_id, image_ids)
+
+
+def _claim_view(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
+    now = utcnow()
+    seen_since = now - timedelta(seconds=runtime.settings.worker_timeout)
+    return in_transaction(
+        runtime.ledger.sessions,
+        lambda s: claimable_images(
+            s,
+            job_id,
+            image_ids,
+            me=runtime.worker_id,
+            now=now,
+            seen_since=seen_since,
+            still_running=still_running,
+        ),
+    )
+
+
+def _claim(runtime: WorkerRuntime, images: Sequence[Claimable], batch_id: int | None) -> list[Claimable]:
+    if not images:
+        return []
+    now = utcnow()
+    won = set(
+        in_transaction(
+            runtime.ledger.sessions,
+            lambda s: claim(s, images, me=runtime.worker_id, batch_id=batch_id, now=now),
+        )
+    )
+    return [image for image in images if image.id in won]
 
 
 def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]) -> int:
+    if not results:
+        return 0
     return in_transaction(
         runtime.ledger.sessions,
         lambda s: record_results(
@@ -66,48 +120,64 @@ def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence
     )
 
 
-def process_batch(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> BatchReport:
-    """Bring every pending image of this batch to a terminal state; already-terminal images are skipped."""
-    job, images = in_transaction(runtime.ledger.sessions, lambda s: _read_batch(s, job_id, image_ids))
-    pending = [image for image in images if image.status == ImageStatus.PENDING]
-    skipped = len(images) - len(pending)
-    if not pending:
-        return BatchReport(written=0, skipped=skipped)
+def _pending(images: Sequence[Claimable]) -> list[PendingImage]:
+    return [PendingImage(i.id, i.job_id, i.path, i.root_index, ImageStatus.PENDING) for i in images]
+
+
+def process_batch(
+    runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None = None
+) -> BatchReport:
+    """Bring every pending image of this batch that no live process is on to a terminal state."""
+    job = in_transaction(runtime.ledger.sessions, lambda s: _read_job(s, job_id))
+    view = _claim_view(runtime, job_id, image_ids)
+    report = BatchReport(skipped=len(image_ids) - len(view.free))
+    limit = runtime.settings.max_attempts
+    exhausted = [
+        ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=died_reason(i.attempts))
+        for i in view.free
+        if i.attempts >= limit
+    ]
+    fresh = [i for i in view.free if i.attempts == 0]
+    # Fewest deaths first: batch-mates of a poison image finish before it is tried again.
+    suspects = sorted((i for i in view.free if 0 < i.attempts < limit), key=lambda i: (i.attempts, i.id))
     try:
         model = runtime.model_for(job.model_sha256, job.model_path)
-        results = detect_images(runtime, model, pending, job.roots)
     except ModelLoadError as exc:
-        results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc)) for i in pending]
-    written = _write(runtime, job_id, job.model_id, results)
-    return BatchReport(
-        written=written,
-        skipped=skipped,
-        done=sum(r.status == ImageStatus.DONE for r in results),
-        failed=sum(r.status == ImageStatus.FAILED for r in results),
-        rejected=sum(r.status == ImageStatus.REJECTED for r in results),
-    )
+        failed = [
+            ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc)) for i in fresh + suspects
+        ]
+        report.count(exhausted + failed, _write(runtime, job_id, job.model_id, exhausted + failed))
+        return report
+    runtime.stats.current_batch_id = batch_id
+    try:
+        started = _claim(runtime, fresh, batch_id)
+        results = exhausted + detect_images(runtime, model, _pending(started), job.roots)
+        report.count(results, _write(runtime, job_id, job.model_id, results))
+        report.skipped += len(fresh) - len(started)
+        for suspect in suspects:
+            # Started before by a process that died: alone, and committed alone, in case it is the cause.
+            if not _claim(runtime, [suspect], batch_id):
+                report.skipped += 1
+                continue
+            alone = detect_images(runtime, model, _pending([suspect]), job.roots)
+            report.count(alone, _write(runtime, job_id, job.model_id, alone))
+    finally:
+        runtime.stats.current_batch_id = None
+        runtime.stats.add(report.written)
+    return report
 
 
 def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], reason: str) -> int:
-    """Last resort when a batch cannot finish: give its still-pending images a terminal state and reason."""
-
-    def work(session: Session) -> int:
-        job = get_job(session, job_id)
-        if job is None:
-            return 0
-        results = [
-            ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason)
-            for i in load_images(session, job_id, image_ids)
-            if i.status == ImageStatus.PENDING
-        ]
-        return record_results(
-            session, job_id, job.model_id, results, worker=runtime.worker_name, device=runtime.device
-        )
-
-    return in_transaction(runtime.ledger.sessions, work)
+    """Last resort when a batch cannot finish: its pending images no live process is on fail with reason."""
+    view = _claim_view(runtime, job_id, image_ids)
+    results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason) for i in view.free]
+    job = in_transaction(runtime.ledger.sessions, lambda s: get_job(s, job_id))
+    if job is None:
+        return 0
+    return _write(runtime, job_id, job.model_id, results)
 
 
-def run_batch(runtime: WorkerRuntime, message: BatchMessage) -> BatchReport:
+def run_batch(runtime: WorkerRuntime, message: BatchMessage, batch_id: int | None = None) -> BatchReport:
     """The batch task's body: process the batch; on a soft time limit or a bug, fail what is left pending.
 
     Transient database errors are retried inside (db.retry); one that outlasts the retries leaves the
@@ -115,14 +185,14 @@ def run_batch(runtime: WorkerRuntime, message: BatchMessage) -> BatchReport:
     """
     job, ids = message.job_id, message.image_ids
     try:
-        report = process_batch(runtime, job, ids)
+        report = process_batch(runtime, job, ids, batch_id)
     except SoftTimeLimitExceeded:
-        failed = fail_pending(runtime, job, ids, "batch exceeded the task's soft time limit")
+        failed = fail_pending(runtime, job, ids, SOFT_LIMIT_REASON)
         log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
     except JobMissing as exc:
         log.error("job %d: batch of %d refused: %s", job, len(ids), exc)
-        return BatchReport(written=0, skipped=0)
+        return BatchReport()
     except Exception as exc:
         if is_transient_error(exc):
             # The database stayed away past the retries: nothing is failed for that; the images stay
@@ -133,7 +203,7 @@ def run_batch(runtime: WorkerRuntime, message: BatchMessage) -> BatchReport:
         failed = fail_pending(runtime, job, ids, f"batch error: {type(exc).__name__}: {exc}")
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
     log.info(
-        "job %d: batch of %d: %d done, %d failed, %d rejected, %d already finished",
+        "job %d: batch of %d: %d done, %d failed, %d rejected, %d already finished or taken",
         job,
         len(ids),
         report.done,

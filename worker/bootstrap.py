@@ -7,14 +7,19 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Engine
+
 from db.ledger import open_ledger
+from db.workers_repo import ROLE_PROCESS, WorkerIdentity
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
 from worker.devices import device_for_process
+from worker.heartbeat import Heartbeat, host_key
 from worker.tasks import BatchTask
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,9 @@ class PoolBootstrap:
     decode_threads: int
     model_sha256: str
     task: BatchTask
+    node: str = ""
+    # Engines the parent opened (heartbeat, reconciler): a child must never use or close their sockets.
+    parent_engines: list[Engine] = field(default_factory=list)
     failed: Any = field(default_factory=_shared_flag)
 
     @property
@@ -48,6 +56,8 @@ class PoolBootstrap:
 
     def init_process(self, **_: Any) -> None:
         """worker_process_init: device, threads, model and ledger for this child; the runtime on its task."""
+        for engine in self.parent_engines:
+            engine.dispose(close=False)  # SQLAlchemy's recipe for pools inherited through fork
         try:
             import torch
             from billiard.process import current_process
@@ -68,7 +78,7 @@ class PoolBootstrap:
                 sha256=self.model_sha256,
                 overrides=meta_overrides(self.settings),
             )
-            self.task.runtime = WorkerRuntime(
+            runtime = WorkerRuntime(
                 settings=self.settings,
                 # A ledger of its own: pooled connections must never cross a fork.
                 ledger=open_ledger(self.settings, check_schema=False),
@@ -80,6 +90,23 @@ class PoolBootstrap:
                     else None
                 ),
             )
+            runtime.heartbeat = Heartbeat(
+                runtime.ledger.sessions,
+                WorkerIdentity(
+                    role=ROLE_PROCESS,
+                    node=self.node,
+                    host=socket.gethostname(),
+                    host_key=host_key(),
+                    pid=os.getpid(),
+                    pool=self.pool.value,
+                    device=device,
+                    model_sha256=self.model_sha256,
+                ),
+                interval_s=self.settings.heartbeat_interval_s,
+                state=runtime.stats.beat,
+            )
+            runtime.worker_id = runtime.heartbeat.start()
+            self.task.runtime = runtime
             log.info(
                 "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads",
                 index,
@@ -93,3 +120,10 @@ class PoolBootstrap:
             self.failed.value = 1
             os.kill(os.getppid(), signal.SIGTERM)
             os._exit(EXIT_STARTUP_FAILED)
+
+    def shutdown_process(self, **_: Any) -> None:
+        """worker_process_shutdown: close this process's worker row and connections on a clean exit."""
+        runtime = self.task.runtime
+        if runtime is not None:
+            self.task.runtime = None
+            runtime.close()

@@ -64,7 +64,10 @@ def decode_image(
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(path)
     except Image.DecompressionBombError as exc:
-        raise ImageRejected(f"decompression bomb: {exc}") from exc
+        # Pillow's own message names twice our limit, its threshold for refusing to open at all.
+        raise ImageRejected(
+            f"image is over the limit of {max_pixels} pixels (refused before decoding: decompression bomb)"
+        ) from exc
     except UnidentifiedImageError as exc:
         raise ImageUnreadable("not a recognised image format") from exc
     except OSError as exc:

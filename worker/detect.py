@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,8 @@ from worker.models.loading import LoadedModel
 from worker.paths import PathRejected, resolve_confined
 from worker.rows import to_detection_rows
 from worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
 
 
 def prepare_image(
@@ -60,6 +64,7 @@ def detect_images(
     chunk: list[tuple[PendingImage, DecodedImage, float]] = []
 
     def prepare(image: PendingImage) -> tuple[DecodedImage | ImageResult, float]:
+        log.debug("detq: pid %d starts image %d: %s", os.getpid(), image.id, image.path)
         began = time.perf_counter()
         prepared = prepare_image(runtime, model, image, roots)
         return prepared, (time.perf_counter() - began) * 1000

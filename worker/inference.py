@@ -52,6 +52,21 @@ def run_model(model: LoadedModel, images: Sequence[Image.Image], micro_batch: in
     return outcomes
 
 
+MAX_REASON_CHARS = 300
+
+
+def short_reason(error: BaseException) -> str:
+    """An exception as one line for the ledger: TorchScript errors carry their whole serialized-code
+    traceback in the message, of which the last line says what went wrong."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    text = lines[-1] if "Traceback of TorchScript" in str(error) else lines[0]
+    if not text.startswith(type(error).__name__) and ":" not in text[:40]:
+        text = f"{type(error).__name__}: {text}"
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
 def _forward_one_by_one(model: LoadedModel, images: Sequence[Image.Image]) -> list[InferenceOutcome]:
     outcomes = []
     for image in images:
@@ -62,7 +77,7 @@ def _forward_one_by_one(model: LoadedModel, images: Sequence[Image.Image]) -> li
             raise
         except Exception as exc:  # noqa: BLE001 - recorded as this image's failure reason
             elapsed = (time.perf_counter() - began) * 1000
-            outcomes.append(InferenceOutcome(None, f"inference failed: {type(exc).__name__}: {exc}", elapsed))
+            outcomes.append(InferenceOutcome(None, f"inference failed: {short_reason(exc)}", elapsed))
             continue
         outcomes.append(InferenceOutcome(result, None, (time.perf_counter() - began) * 1000))
     return outcomes

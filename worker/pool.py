@@ -7,11 +7,14 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-from celery.signals import worker_process_init
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
 from celery.utils.nodenames import default_nodename, host_format
+from celery.worker import state as worker_state
 from kombu.utils.url import maybe_sanitize_url
 
-from db.ledger import ledger
+from db.ledger import open_ledger
+from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUES_BY_POOL
 from detq.errors import DetqError
@@ -19,6 +22,7 @@ from detq.host import usable_cores
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
+from dispatch.service import ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
 from worker.devices import (
     NoGpuError,
@@ -27,6 +31,7 @@ from worker.devices import (
     probe_cuda_device_count,
     threads_per_process,
 )
+from worker.heartbeat import Heartbeat, host_key
 from worker.tasks import register_tasks
 
 log = logging.getLogger(__name__)
@@ -59,22 +64,8 @@ def run_worker(
     except NoGpuError as exc:
         raise WorkerStartupError(str(exc)) from exc
     processes = concurrency or settings.worker_concurrency or default
-    with ledger(settings):  # migrates the embedded default, refuses an old PostgreSQL schema
-        pass
     threads = threads_per_process(pool, cores=cores, concurrency=processes)
     decoders = settings.decode_threads or decode_threads_per_process(pool, cores=cores, concurrency=processes)
-    app = make_celery_app(settings)
-    bootstrap = PoolBootstrap(
-        settings=settings,
-        pool=pool,
-        gpu_count=gpu_count,
-        threads=threads,
-        decode_threads=decoders,
-        # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
-        model_sha256=file_sha256(settings.model),
-        task=register_tasks(app),
-    )
-    worker_process_init.connect(bootstrap.init_process, weak=False)
     consumed = list(queues or QUEUES_BY_POOL[pool])
     # As `celery worker -n`: %h, %n and %d expand; a bare name is the host part.
     node = (
@@ -82,14 +73,79 @@ def run_worker(
         if hostname
         else f"{pool}-{os.getpid()}@{socket.gethostname()}"
     )
-    announce(
-        f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
-        f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
-        f"broker={maybe_sanitize_url(settings.resolved_broker_url)}"
+    # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
+    sha256 = file_sha256(settings.model)
+    app = make_celery_app(settings)
+    node_ledger = open_ledger(settings)  # migrates the embedded default, refuses an old PostgreSQL schema
+    node_beat = Heartbeat(
+        node_ledger.sessions,
+        WorkerIdentity(
+            ROLE_NODE, node, socket.gethostname(), host_key(), os.getpid(), pool.value, None, sha256
+        ),
+        interval_s=settings.heartbeat_interval_s,
+        state=lambda: Beat(held=held_task_ids()),
     )
+    reconciler = ReconcilerLoop(settings)
+    try:
+        node_beat.start()
+        reconciler.start()
+        bootstrap = PoolBootstrap(
+            settings=settings,
+            pool=pool,
+            gpu_count=gpu_count,
+            threads=threads,
+            decode_threads=decoders,
+            model_sha256=sha256,
+            task=register_tasks(app),
+            node=node,
+            parent_engines=[node_ledger.engine, *([reconciler.ledger.engine] if reconciler.ledger else [])],
+        )
+        announce(
+            f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
+            f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
+            f"broker={maybe_sanitize_url(settings.resolved_broker_url)}"
+        )
+        exit_code = _run_consumer(app, bootstrap, node, consumed, processes, loglevel, settings)
+    finally:
+        reconciler.stop()
+        node_beat.stop()
+        node_ledger.close()
+    if bootstrap.startup_failed:
+        raise WorkerStartupError("a pool process failed to start (see the log above); stopped")
+    return exit_code
+
+
+def node_name(pool: WorkerPool, hostname: str | None) -> str:
+    """The Celery node name: as `celery worker -n` (%h, %n, %d expand; a bare name is the host part)."""
+    if hostname:
+        return str(host_format(default_nodename(hostname)))
+    return f"{pool}-{os.getpid()}@{socket.gethostname()}"
+
+
+def held_task_ids() -> list[str]:
+    """Task ids this node holds: received and waiting for a pool slot, or running."""
+    for _ in range(3):
+        try:
+            return list(worker_state.requests)
+        except RuntimeError:  # the consumer changed the dict while it was copied; copy again
+            continue
+    return list(worker_state.requests.copy())
+
+
+def _run_consumer(
+    app: Celery,
+    bootstrap: PoolBootstrap,
+    node: str,
+    queues: list[str],
+    processes: int,
+    loglevel: str,
+    settings: Settings,
+) -> int:
+    worker_process_init.connect(bootstrap.init_process, weak=False)
+    worker_process_shutdown.connect(bootstrap.shutdown_process, weak=False)
     worker = app.Worker(
         hostname=node,
-        queues=consumed,
+        queues=queues,
         concurrency=processes,
         pool_cls="prefork",
         loglevel=loglevel.upper(),
@@ -103,6 +159,5 @@ def run_worker(
         worker.start()
     finally:
         worker_process_init.disconnect(bootstrap.init_process)
-    if bootstrap.startup_failed:
-        raise WorkerStartupError("a pool process failed to start (see the log above); stopped")
+        worker_process_shutdown.disconnect(bootstrap.shutdown_process)
     return int(getattr(worker, "exitcode", 0) or 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from db.ledger import Ledger
 from detq.settings import Settings
+from worker.heartbeat import Heartbeat, ProcessStats
 from worker.models.loading import LoadedModel, ModelLoadError, load_model_for_device
 from worker.models.metadata import MetaOverrides, parse_input_size
 
@@ -32,6 +33,9 @@ class WorkerRuntime:
     models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
     model_loads: int = 1
     decode_executor: ThreadPoolExecutor | None = None
+    worker_id: int = 0  # this process's row in the workers table (0: none, as in unit tests)
+    stats: ProcessStats = field(default_factory=ProcessStats)
+    heartbeat: Heartbeat | None = None
 
     def __post_init__(self) -> None:
         self.models[self.default_model.sha256] = self.default_model
@@ -62,7 +66,9 @@ class WorkerRuntime:
         return loaded
 
     def close(self) -> None:
-        """Stop the decode threads and close the ledger's connections."""
+        """Close this process's worker row, stop the decode threads, close the ledger's connections."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.decode_executor is not None:
             self.decode_executor.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from detq.contract import TASK_PROCESS_BATCH, parse_batch_args
+from detq.contract import TASK_PROCESS_BATCH, batch_id_of, parse_batch_args
 from worker.batch import run_batch
 from worker.runtime import WorkerRuntime
 
@@ -32,7 +32,8 @@ def register_tasks(app: Celery) -> BatchTask:
 
     @app.task(name=TASK_PROCESS_BATCH, base=BatchTask, bind=True, ignore_result=True)
     def process_batch_task(self: BatchTask, job_id: Any, image_ids: Any) -> dict[str, int]:
-        report = run_batch(self.require_runtime(), parse_batch_args(job_id, image_ids))
+        message = parse_batch_args(job_id, image_ids)
+        report = run_batch(self.require_runtime(), message, batch_id_of(self.request.id))
         return {"written": report.written, "skipped": report.skipped}
 
     task: Any = app.tasks[TASK_PROCESS_BATCH]

@@ -22,7 +22,7 @@ from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.progress import render_line, wait_with_progress
-from producer.requeue import requeue_pending
+from producer.requeue import requeue_missing
 from producer.status import JobNotFound, JobStatus, job_status
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -112,6 +112,7 @@ def enqueue(
             on_progress=_scan_progress if show_scan else None,
             only_new=only_new,
             max_retries=settings.max_retries,
+            heartbeat_s=settings.heartbeat_interval_s,
         )
         if show_scan:
             click.echo("\r\x1b[2K", err=True, nl=False)
@@ -254,15 +255,20 @@ def _export_to_file(output: Path, write: Callable[[TextIO], int]) -> int:
 @click.argument("job", type=click.IntRange(min=1))
 @JSON_OPTION
 def requeue(job: int, as_json: bool) -> None:
-    """Send a job's pending images again.
+    """Send a job's lost batches again.
 
-    For a purged queue or a message the embedded broker lost; workers skip finished images, so
-    it is safe to repeat.
+    Only batches with pending images and no copy queued or held by a live worker: a purged queue,
+    a message the embedded broker lost. The reconciler does this by itself; this does it now.
     """
     settings = load_settings()
+    app = make_celery_app(settings)
     with ledger(settings) as led:
-        sent = requeue_pending(led.sessions, make_celery_app(settings), job)
+        sent = requeue_missing(led, app, settings, job)
+    app.close()
     if as_json:
-        print_json({"job_id": job, "images": sent.images, "batches": sent.batches})
+        print_json({"job_id": job, "images": sent.images, "batches": sent.batches, "restored": sent.restored})
     else:
-        click.echo(f"job {job}: re-sent {sent.images} pending images in {sent.batches} batches")
+        click.echo(
+            f"job {job}: re-sent {sent.images} pending images in {sent.batches} batches that no message "
+            f"would deliver; {sent.restored} batches of dead workers given back"
+        )

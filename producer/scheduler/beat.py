@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from celery import Celery
@@ -14,19 +14,14 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import BaseSchedule, schedstate
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import utcnow
+from db.models import as_utc, utcnow
 from db.schedules_repo import note_schedules_seen, schedule_states
 from detq.contract import QUEUE_CONTROL, TASK_SCHEDULED_RUN
+from dispatch.leadership import Leadership
 from producer.scheduler.cron import CronSpec
-from producer.scheduler.leadership import Leadership
 from producer.scheduler.schedules import Schedule
 
 log = logging.getLogger(__name__)
-
-
-def as_utc(moment: datetime) -> datetime:
-    """An aware UTC datetime; SQLite hands back naive ones, written in UTC."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 class CronSchedule(BaseSchedule):

@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from db.jobs_repo import job_counts
-from db.models import Job
+from db.models import Job, as_utc
 from db.schedules_repo import list_runs
 from detq.vocabulary import JobState
-from producer.status import as_utc, job_state
+from producer.status import job_state
 
 
 @dataclass(frozen=True)

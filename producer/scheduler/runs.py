@@ -26,6 +26,7 @@ class RunDefaults:
     batch_size: int
     max_retries: int
     allowed_roots: Sequence[Path] = ()
+    heartbeat_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ def run_schedule(
             only_new=True,
             max_retries=defaults.max_retries,
             run_key=key,
+            heartbeat_s=defaults.heartbeat_s,
         )
     except RunAlreadyClaimed:
         log.info("detq scheduler: %s for %s already ran; nothing sent", key.schedule_name, key.scheduled_for)

@@ -19,9 +19,10 @@ from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUE_CONTROL
 from detq.settings import Settings
+from dispatch.leadership import Leadership
+from dispatch.service import ReconcilerLoop
 from producer.scheduler.beat import BeatContext, LeaderScheduler
 from producer.scheduler.control import make_run_handler, register_control_task
-from producer.scheduler.leadership import Leadership
 from producer.scheduler.runs import RunDefaults
 from producer.scheduler.schedules import Schedule
 
@@ -33,8 +34,13 @@ MAX_BEAT_INTERVAL_S = 1.0
 
 def run_scheduler(settings: Settings, schedules: Sequence[Schedule], *, loglevel: str) -> int:
     """Run until stopped; returns the process exit code. Never imports torch (tests assert it)."""
+    reconciler = ReconcilerLoop(settings)  # heals the ledger here too, when it holds the lease
     with ledger(settings) as led:
-        return _serve(settings, schedules, led.sessions, loglevel=loglevel)
+        reconciler.start()
+        try:
+            return _serve(settings, schedules, led.sessions, loglevel=loglevel)
+        finally:
+            reconciler.stop()
 
 
 def _serve(
@@ -46,6 +52,7 @@ def _serve(
         batch_size=settings.batch_size,
         max_retries=settings.max_retries,
         allowed_roots=settings.allowed_root_paths,
+        heartbeat_s=settings.heartbeat_interval_s,
     )
     # One engine: the beat thread and the control task each check out their own pooled connection.
     register_control_task(app, make_run_handler(sessions, app, schedules, defaults))

@@ -19,7 +19,7 @@ from db.migrate import make_config
 from db.models import Base
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 def schema_differences(url: str) -> list[Any]:
@@ -64,6 +64,8 @@ def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
         "detections",
         "schedule_state",
         "scheduler_leases",
+        "batches",
+        "workers",
     }
 
 

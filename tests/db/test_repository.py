@@ -219,7 +219,8 @@ def test_record_results_finalises_images_and_writes_detections(factory: Factory,
     assert record(factory, job, results, worker="host:1") == 3
     with factory() as s:
         image = s.get_one(Image, first)
-        assert (image.status, image.width, image.height, image.attempts) == ("done", 640, 480, 1)
+        # attempts counts starts (claims, db/claims_repo.py); recording a result adds none
+        assert (image.status, image.width, image.height, image.attempts) == ("done", 640, 480, 0)
         assert (image.worker, image.device, image.decode_ms, image.infer_ms) == ("host:1", "cpu", 1.0, 2.0)
         assert image.finished_at is not None
         dets = s.scalars(select(Detection).where(Detection.image_id == first).order_by(Detection.rank)).all()
@@ -229,7 +230,7 @@ def test_record_results_finalises_images_and_writes_detections(factory: Factory,
             (2, job.model_id, "class1", 7.0),
         ]
         failed = s.get_one(Image, second)
-        assert (failed.status, failed.reason, failed.attempts) == ("failed", "decode error", 1)
+        assert (failed.status, failed.reason, failed.attempts) == ("failed", "decode error", 0)
         assert s.get_one(Image, third).status == "rejected"
         assert s.get_one(Job, job.job_id).started_at is not None
     assert count(factory, Detection) == 3
@@ -256,7 +257,7 @@ def test_a_terminal_image_is_never_overwritten(factory: Factory, job: Fixture) -
     # Then it stays failed, without detections
     with factory() as s:
         image = s.get_one(Image, image_id)
-        assert (image.status, image.reason, image.attempts, image.width) == ("failed", "oom", 1, None)
+        assert (image.status, image.reason, image.attempts, image.width) == ("failed", "oom", 0, None)
     assert count(factory, Detection) == 0
 
 
@@ -296,7 +297,7 @@ def test_two_workers_racing_on_one_batch_write_one_set_of_detections(factory: Fa
     assert count(factory, Detection) == 16 * 3
     with factory() as s:
         assert set(s.scalars(select(Image.worker))) in ({"a"}, {"b"})
-        assert set(s.scalars(select(Image.attempts))) == {1}
+        assert set(s.scalars(select(Image.attempts))) == {0}
 
 
 def test_job_counts(factory: Factory, job: Fixture) -> None:

@@ -89,13 +89,14 @@ def running_worker(
     concurrency: int = 2,
     wait_ready: bool = True,
     name: str = "w",
+    loglevel: str = "INFO",
 ) -> Iterator[WorkerHandle]:
     """Start `detq worker`, wait until every pool process has loaded the model, stop it warmly afterwards."""
     log_path = deployment.data_dir / f"worker-{name}-{time.monotonic_ns()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*DETQ, "worker", "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO"],
+            [*DETQ, "worker", "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=deployment.env(),

@@ -11,7 +11,7 @@ from db.engine import make_engine, make_session_factory
 from db.history_repo import PastOutcome
 from db.images_repo import ImageResult, NewImage, insert_images, record_results
 from db.jobs_repo import create_job, get_or_create_model
-from detq.vocabulary import ImageStatus
+from detq.vocabulary import ImageStatus, Pool
 from producer.incremental import Decision, Tally, decide, select_files
 from producer.scan import ScannedFile
 from tests.ledger_support import migrate
@@ -94,22 +94,29 @@ def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session
 
 def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_path: Path) -> None:
     from demo.shapes import write_dataset
+    from detq.celery_app import make_celery_app
+    from detq.settings import Settings
+    from dispatch.broker import read_broker
     from producer.enqueue import enqueue_folders
-    from tests.producer.fakes import RecordingApp
 
+    # Given three images and the embedded broker in a folder of this test
     write_dataset(tmp_path / "imgs", 3, seed=1)
-    app = RecordingApp()
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    app = make_celery_app(settings)
     model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+    # When they are enqueued with --only-new twice, then without it
     first = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2, only_new=True
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2, only_new=True
     )
-    assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
     again = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2, only_new=True
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2, only_new=True
     )
-    assert again.counts is not None and (again.total, again.counts.skipped) == (0, 3)  # pending elsewhere
     plain = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool="any", batch_size=2
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2
     )
+    # Then the first takes all three, the second none (they are pending elsewhere), the plain one all
+    assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
+    assert again.counts is not None and (again.total, again.counts.skipped) == (0, 3)
     assert (plain.total, plain.counts) == (3, None)
-    assert len(app.sent) == 4
+    # And four batch messages wait in the broker, each under its batch's task id
+    assert len(read_broker(app, settings).queued) == first.batches + plain.batches == 4

@@ -127,7 +127,8 @@ def test_a_failing_forward_is_rerun_image_by_image_so_only_the_culprit_fails(
     rows = {job.names[i]: row for i, row in _rows(runtime, job.job_id).items()}
     assert rows["w13.jpg"].status == ImageStatus.FAILED
     assert (rows["w13.jpg"].reason or "").startswith("inference failed:")
-    assert "unsupported width" in (rows["w13.jpg"].reason or "")
+    reason = rows["w13.jpg"].reason or ""
+    assert reason.endswith("unsupported width") and "\n" not in reason and len(reason) <= 300
     assert all(rows[n].status == ImageStatus.DONE for n in names if n != "w13.jpg")
     assert all(rows[n].infer_ms is not None and rows[n].infer_ms >= 0 for n in names)  # type: ignore[operator]
     assert (report.done, report.failed) == (4, 1)

@@ -15,9 +15,9 @@ from db.models import ScheduleState
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUE_CONTROL, TASK_SCHEDULED_RUN
 from detq.settings import Settings
+from dispatch.leadership import Leadership
 from producer.scheduler.beat import BeatContext, CronSchedule, LeaderScheduler
 from producer.scheduler.cron import CronSpec
-from producer.scheduler.leadership import Leadership
 from producer.scheduler.schedules import Schedule
 from tests.ledger_support import migrate
 

@@ -1,4 +1,4 @@
-"""The scheduler lease seen from one process: take it, renew it, notice losing it, give it back."""
+"""A named lease seen from one process: take it, renew it, notice losing it, give it back."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from db.models import utcnow
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "scheduler"
+SCHEDULER_LEASE = "scheduler"  # one active `detq scheduler`
+RECONCILER_LEASE = "reconciler"  # one reconciler among every worker and scheduler
 
 
 def make_owner_id() -> str:
@@ -26,15 +27,23 @@ def make_owner_id() -> str:
 
 
 class Leadership:
-    """Whether this process is the active scheduler.
+    """Whether this process holds a named lease (is the active scheduler, or the reconciler).
 
     check() renews or takes the lease and should run every ttl/3; a standby's check() takes over once the
     holder stopped renewing for ttl. When the database cannot be reached the process keeps leading only
     until its last renewal runs out, which is when a standby could take over.
     """
 
-    def __init__(self, factory: sessionmaker[Session], *, ttl_s: float, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        *,
+        ttl_s: float,
+        owner: str | None = None,
+        name: str = SCHEDULER_LEASE,
+    ) -> None:
         self.factory = factory
+        self.name = name
         self.ttl = timedelta(seconds=ttl_s)
         self.owner = owner or make_owner_id()
         self._held_until = 0.0  # time.monotonic() when the last successful renewal runs out
@@ -54,9 +63,11 @@ class Leadership:
         started = time.monotonic()
         try:
             with self.factory() as session, session.begin():
-                held = acquire_lease(session, LEASE_NAME, self.owner, utcnow(), self.ttl)
+                held = acquire_lease(session, self.name, self.owner, utcnow(), self.ttl)
         except SQLAlchemyError as exc:
-            log.warning("detq scheduler: cannot renew the lease (%s); still leading: %s", exc, self.is_leader)
+            log.warning(
+                "detq: cannot renew the %s lease (%s); still held: %s", self.name, exc, self.is_leader
+            )
             return self.is_leader
         # Measured from before the call: the row's expiry is never earlier than what this process assumes.
         self._held_until = started + self.ttl.total_seconds() if held else 0.0
@@ -69,6 +80,6 @@ class Leadership:
         self._held_until = 0.0
         try:
             with self.factory() as session, session.begin():
-                release_lease(session, LEASE_NAME, self.owner, utcnow())
+                release_lease(session, self.name, self.owner, utcnow())
         except SQLAlchemyError as exc:
-            log.warning("detq scheduler: could not release the lease (%s); it expires by itself", exc)
+            log.warning("detq: could not release the %s lease (%s); it expires by itself", self.name, exc)

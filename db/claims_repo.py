@@ -1,0 +1,120 @@
+"""Repository functions for claims: which pending images a process may start, and starting them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from db.models import Image, WorkerRecord, as_utc
+from db.workers_repo import LOST, close_worker, set_current_batch, workers_by_id
+from detq.vocabulary import ImageStatus
+
+
+@dataclass(frozen=True)
+class Claimable:
+    """A pending image no live process is working on: what a worker needs to start it."""
+
+    id: int
+    job_id: int
+    path: str
+    root_index: int
+    attempts: int  # starts so far; each start that did not end in a result was a process that died
+    batch_id: int | None
+    claimed_by: int | None
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """The pending images of a batch: those free to start, and how many a live process is running."""
+
+    free: list[Claimable]
+    busy: int
+
+
+def claimable_images(
+    session: Session,
+    job_id: int,
+    image_ids: Sequence[int],
+    *,
+    me: int,
+    now: datetime,
+    seen_since: datetime,
+    still_running: Callable[[WorkerRecord], bool],
+) -> ClaimView:
+    """Pending images of job_id among image_ids, split into free and busy; dead claimers are closed.
+
+    A claim holds while its process is open, seen since seen_since, running that image's batch right now
+    and, by `still_running`, not known dead (a process on this host whose pid is gone). Anything else is
+    a claim left by a death, a kill at the hard time limit, or a batch that gave up: free again.
+    """
+    if not image_ids:
+        return ClaimView(free=[], busy=0)
+    rows = session.execute(
+        select(
+            Image.id,
+            Image.job_id,
+            Image.path,
+            Image.root_index,
+            Image.attempts,
+            Image.batch_id,
+            Image.claimed_by,
+        )
+        .where(
+            Image.job_id == job_id,
+            Image.id.in_(list(image_ids)),
+            Image.status == ImageStatus.PENDING.value,
+        )
+        .order_by(Image.id)
+    ).tuples()
+    images = [Claimable(*row) for row in rows]
+    claimers = workers_by_id(session, sorted({i.claimed_by for i in images if i.claimed_by is not None}))
+    dead = [w.id for w in claimers.values() if w.stopped_at is None and not still_running(w)]
+    close_worker(session, dead, now, LOST)
+    free: list[Claimable] = []
+    busy = 0
+    for image in images:
+        claimer = claimers.get(image.claimed_by) if image.claimed_by is not None else None
+        holds = (
+            claimer is not None
+            and claimer.id != me
+            and claimer.id not in dead
+            and claimer.stopped_at is None
+            and as_utc(claimer.last_seen_at) >= seen_since
+            and claimer.current_batch_id is not None
+            and claimer.current_batch_id == image.batch_id
+        )
+        if holds:
+            busy += 1
+        else:
+            free.append(image)
+    return ClaimView(free=free, busy=busy)
+
+
+def claim(
+    session: Session, images: Sequence[Claimable], *, me: int, batch_id: int | None, now: datetime
+) -> list[int]:
+    """Start these images: claimed by me, one more attempt each; returns the ids this process won.
+
+    The UPDATE only takes an image whose claim is the one claimable_images saw, so of two processes
+    racing on a redelivered batch each image goes to one of them.
+    """
+    if not images:
+        return []
+    won: list[int] = []
+    for claimed_by in sorted({i.claimed_by for i in images}, key=lambda c: -1 if c is None else c):
+        ids = [i.id for i in images if i.claimed_by == claimed_by]
+        previous = Image.claimed_by.is_(None) if claimed_by is None else Image.claimed_by == claimed_by
+        won.extend(
+            session.scalars(
+                update(Image)
+                .where(Image.id.in_(ids), Image.status == ImageStatus.PENDING.value, previous)
+                .values(claimed_by=me, claimed_at=now, attempts=Image.attempts + 1)
+                .returning(Image.id)
+            )
+        )
+    set_current_batch(session, me, batch_id, now)
+    return sorted(won)

@@ -1,0 +1,113 @@
+"""What the broker holds of detq's batches: task ids queued, and on Redis the messages not yet acked."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from detq.contract import INFERENCE_QUEUES
+from detq.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unacked:
+    """A message a consumer took from Redis and has not acknowledged yet."""
+
+    tag: str
+    task_id: str | None
+    delivered_at: float  # Unix time
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """Task ids waiting in the inference queues; for Redis, the unacked messages; or why it cannot see."""
+
+    queued: set[str] = field(default_factory=set)
+    unacked: list[Unacked] = field(default_factory=list)
+    visible: bool = True  # False: this transport cannot list its queues (lost messages go unnoticed)
+
+
+def _task_id(payload: Any) -> str | None:
+    try:
+        task_id = payload["headers"]["id"]
+    except (KeyError, TypeError):
+        return None
+    return task_id if isinstance(task_id, str) else None
+
+
+def read_broker(app: Celery, settings: Settings) -> BrokerView:
+    """A snapshot of what the broker holds; a message sent or taken meanwhile may be missed (callers wait)."""
+    url = settings.resolved_broker_url
+    if settings.is_embedded_broker:
+        return _read_folder(settings.broker_dir / "queue")
+    if url.startswith(("redis://", "rediss://", "redis+socket://")):
+        return _read_redis(app)
+    return BrokerView(visible=False)
+
+
+def _read_folder(folder: Path) -> BrokerView:
+    """kombu's filesystem transport: one file per message, <time>_<uuid>.<queue>.msg, JSON inside."""
+    queued: set[str] = set()
+    suffixes = tuple(f".{queue}.msg" for queue in INFERENCE_QUEUES)
+    try:
+        names = [name for name in Path(folder).iterdir() if name.name.endswith(suffixes)]
+    except FileNotFoundError:
+        return BrokerView()
+    for path in names:
+        try:
+            task_id = _task_id(json.loads(path.read_bytes()))
+        except (OSError, ValueError):  # taken by a worker meanwhile, or still being written
+            continue
+        if task_id is not None:
+            queued.add(task_id)
+    return BrokerView(queued=queued)
+
+
+def _read_redis(app: Celery) -> BrokerView:
+    """kombu's Redis transport: a list per queue and priority, and the unacked hash with its index."""
+    queued: set[str] = set()
+    unacked: list[Unacked] = []
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        client = channel.client
+        for queue in INFERENCE_QUEUES:
+            for priority in channel.priority_steps:
+                for raw in client.lrange(channel._q_for_pri(queue, priority), 0, -1):
+                    task_id = _task_id(_loads(raw))
+                    if task_id is not None:
+                        queued.add(task_id)
+        delivered = dict(client.zrange(channel.unacked_index_key, 0, -1, withscores=True))
+        for tag, raw in client.hgetall(channel.unacked_key).items():
+            entry = _loads(raw)
+            payload = entry[0] if isinstance(entry, list) and entry else None
+            key = tag.decode() if isinstance(tag, bytes) else str(tag)
+            when = delivered.get(tag, delivered.get(key))
+            stamp = float(when) if isinstance(when, int | float) else 0.0
+            unacked.append(Unacked(tag=key, task_id=_task_id(payload), delivered_at=stamp))
+    return BrokerView(queued=queued, unacked=unacked)
+
+
+def _loads(raw: bytes | str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def restore_unacked(app: Celery, tags: list[str]) -> int:
+    """Put unacked Redis messages back at the head of their queue, as kombu does after its visibility
+    timeout, but now (their consumer is gone); returns how many were restored."""
+    if not tags:
+        return 0
+    with app.connection_for_write() as connection:
+        channel: Any = connection.default_channel
+        for tag in tags:
+            channel.qos.restore_by_tag(tag, client=channel.client, leftmost=True)
+    return len(tags)

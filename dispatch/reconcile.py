@@ -1,0 +1,176 @@
+"""One pass of the reconciler: close what died, give back what it held, send again what no copy delivers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+
+from celery import Celery
+
+from db.batches_repo import (
+    OpenBatch,
+    assign_batch,
+    mark_sent,
+    open_batches,
+    pending_ids_of_batch,
+    set_missing,
+)
+from db.jobs_repo import close_enqueue, stale_enqueues
+from db.ledger import Ledger
+from db.models import as_utc, utcnow
+from db.retry import in_transaction
+from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
+from detq.contract import batch_id_of, task_id_for
+from detq.settings import Settings
+from dispatch.broker import BrokerView, read_broker, restore_unacked
+from dispatch.send import send_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    """What a pass did."""
+
+    lost_workers: list[int] = field(default_factory=list)
+    closed_jobs: list[int] = field(default_factory=list)
+    restored: int = 0
+    resent_batches: int = 0
+    resent_images: int = 0
+    waiting: int = 0  # batches missing, within their grace period
+
+    @property
+    def acted(self) -> bool:
+        """True when the pass changed anything."""
+        return bool(self.lost_workers or self.closed_jobs or self.restored or self.resent_batches)
+
+
+def held_task_ids(ledger: Ledger, seen_since: datetime) -> set[str]:
+    """Task ids live workers hold: reserved or running in a node, or being processed by a pool process."""
+    with ledger.sessions() as session:
+        workers = live_workers(session, seen_since)
+    held: set[str] = set()
+    for worker in workers:
+        if worker.role == ROLE_NODE:
+            held.update(worker.held or [])
+        elif worker.current_batch_id is not None:
+            held.add(task_id_for(worker.current_batch_id))
+    return held
+
+
+REASON_PRODUCER_GONE = "enqueue interrupted (its producer stopped); closed with the images recorded"
+
+
+def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: ReconcileReport) -> None:
+    seen_before = now - timedelta(seconds=settings.worker_timeout)
+    report.lost_workers = in_transaction(ledger.sessions, lambda s: close_lost_workers(s, seen_before, now))
+    for job_id in in_transaction(ledger.sessions, lambda s: stale_enqueues(s, seen_before)):
+        recorded = in_transaction(
+            ledger.sessions, partial(close_enqueue, job_id=job_id, reason=REASON_PRODUCER_GONE, now=now)
+        )
+        log.warning(
+            "detq reconciler: job %d: producer gone mid-scan; closed with %d images", job_id, recorded
+        )
+        report.closed_jobs.append(job_id)
+
+
+def _batch_unbatched(ledger: Ledger, batch: OpenBatch, now: datetime) -> list[OpenBatch]:
+    """Images recorded by a detq without batches: put them in batches so they can be tracked and sent."""
+    ids = in_transaction(ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=None))
+    made = []
+    for start in range(0, len(ids), batch.batch_size):
+        chunk = ids[start : start + batch.batch_size]
+        new_id = in_transaction(
+            ledger.sessions, partial(assign_batch, job_id=batch.job_id, image_ids=chunk, now=now)
+        )
+        made.append(OpenBatch(new_id, batch.job_id, batch.pool, batch.batch_size, len(chunk), None))
+    return made
+
+
+def _restore_orphans(
+    app: Celery, view: BrokerView, held: set[str], grace_s: float, now: datetime
+) -> set[str]:
+    """Unacked Redis messages of detq batches that no live worker holds: back to the queue, now."""
+    cutoff = now.timestamp() - grace_s
+    orphans = [
+        u
+        for u in view.unacked
+        if u.task_id is not None
+        and batch_id_of(u.task_id) is not None
+        and u.task_id not in held
+        and u.delivered_at < cutoff
+    ]
+    if orphans:
+        restore_unacked(app, [u.tag for u in orphans])
+        log.warning("detq reconciler: gave back %d batches held by workers that died", len(orphans))
+    return {u.task_id for u in orphans if u.task_id is not None}
+
+
+def _resend(ledger: Ledger, app: Celery, batch: OpenBatch, batch_id: int, now: datetime) -> int:
+    ids = in_transaction(
+        ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch_id)
+    )
+    if ids:
+        send_batch(app, job_id=batch.job_id, batch_id=batch_id, image_ids=ids, pool=batch.pool)
+    in_transaction(ledger.sessions, lambda s: mark_sent(s, [batch_id], now))
+    return len(ids)
+
+
+def reconcile(
+    ledger: Ledger,
+    app: Celery,
+    settings: Settings,
+    *,
+    job_id: int | None = None,
+    grace_s: float | None = None,
+    now: datetime | None = None,
+) -> ReconcileReport:
+    """One pass over the ledger and the broker (all unfinished jobs, or one). Safe to run at any time.
+
+    A batch with pending images is left alone while a copy of its message is queued or a live worker
+    holds it; one with no copy anywhere for grace_s (two heartbeats, so a message in transit to a node
+    shows in its held list) is sent again, with the same task id.
+    """
+    now = now or utcnow()
+    grace = settings.missing_grace_s if grace_s is None else grace_s
+    report = ReconcileReport()
+    _close_dead(ledger, settings, now, report)
+    batches = in_transaction(ledger.sessions, lambda s: open_batches(s, job_id))
+    if not batches:
+        return report
+    for batch in [b for b in batches if b.batch_id is None]:
+        batches.extend(_batch_unbatched(ledger, batch, now))
+    held = held_task_ids(ledger, now - timedelta(seconds=settings.worker_timeout))
+    view = read_broker(app, settings)
+    if not view.visible:
+        return report  # RabbitMQ and others redeliver a dead consumer's messages themselves
+    restored = _restore_orphans(app, view, held, grace, now)
+    report.restored = len(restored)
+    present = view.queued | held | restored
+    found_again: list[int] = []
+    newly_missing: list[int] = []
+    for batch in batches:
+        if batch.batch_id is None:
+            continue
+        if task_id_for(batch.batch_id) in present:
+            if batch.missing_since is not None:
+                found_again.append(batch.batch_id)
+        elif batch.missing_since is None and grace > 0:
+            newly_missing.append(batch.batch_id)
+        elif batch.missing_since is None or (now - as_utc(batch.missing_since)).total_seconds() >= grace:
+            report.resent_images += _resend(ledger, app, batch, batch.batch_id, now)
+            report.resent_batches += 1
+        else:
+            report.waiting += 1
+    in_transaction(ledger.sessions, lambda s: set_missing(s, found_again, None))
+    in_transaction(ledger.sessions, lambda s: set_missing(s, newly_missing, now))
+    report.waiting += len(newly_missing)
+    if report.resent_batches:
+        log.warning(
+            "detq reconciler: sent again %d batches (%d images) that no message would deliver",
+            report.resent_batches,
+            report.resent_images,
+        )
+    return report

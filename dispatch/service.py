@@ -1,0 +1,60 @@
+"""The reconciler loop: in every worker and scheduler, one of them (by lease) reconciles every few seconds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from db.ledger import Ledger, open_ledger
+from detq.celery_app import make_celery_app
+from detq.settings import Settings
+from dispatch.leadership import RECONCILER_LEASE, Leadership
+from dispatch.reconcile import reconcile
+
+log = logging.getLogger(__name__)
+
+
+class ReconcilerLoop:
+    """A daemon thread that runs a reconciler pass each interval while this process holds the lease.
+
+    Every `detq worker` and `detq scheduler` runs one, so a single machine heals itself; the lease makes
+    one of them act at a time, and a standby takes over within about three intervals of the holder's end.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ledger: Ledger | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="detq-reconciler", daemon=True)
+        self._leadership: Leadership | None = None
+
+    def start(self) -> None:
+        """Open this loop's own ledger and broker connection and start the thread."""
+        self.ledger = open_ledger(self.settings, check_schema=False)
+        self._leadership = Leadership(
+            self.ledger.sessions, ttl_s=self.settings.reconcile_interval_s * 3, name=RECONCILER_LEASE
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread, give the lease back, close the connections."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.settings.reconcile_interval_s + 5)
+        if self._leadership is not None:
+            self._leadership.release()
+        if self.ledger is not None:
+            self.ledger.close()
+
+    def _run(self) -> None:
+        assert self.ledger is not None and self._leadership is not None
+        app = make_celery_app(self.settings)
+        try:
+            while not self._stop.wait(self.settings.reconcile_interval_s):
+                try:
+                    if self._leadership.check():
+                        reconcile(self.ledger, app, self.settings)
+                except Exception:  # noqa: BLE001 - a failed pass (broker or database away) is tried again
+                    log.warning("detq reconciler: pass failed; trying again", exc_info=True)
+        finally:
+            app.close()

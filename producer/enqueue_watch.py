@@ -1,0 +1,54 @@
+"""Keep a job's enqueue marked alive while its producer scans, so the reconciler can tell a dead one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.jobs_repo import touch_enqueue
+from db.models import utcnow
+from db.retry import in_transaction
+
+log = logging.getLogger(__name__)
+
+
+class EnqueueWatch:
+    """`with EnqueueWatch(...)`: a daemon thread renews jobs.enqueue_seen_at every interval_s.
+
+    `closed` turns True when the job was closed meanwhile (the reconciler thought this producer dead):
+    the producer must then stop adding images to it.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], job_id: int, interval_s: float) -> None:
+        self.sessions = sessions
+        self.job_id = job_id
+        self.interval_s = interval_s
+        self.closed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"detq-enqueue-{job_id}", daemon=True)
+
+    def touch(self) -> None:
+        """Renew now; notes whether the job is still open."""
+        if not in_transaction(self.sessions, lambda s: touch_enqueue(s, self.job_id, utcnow())):
+            self.closed = True
+
+    def __enter__(self) -> EnqueueWatch:
+        self.touch()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.touch()
+            except Exception:  # noqa: BLE001 - a missed renewal is retried; the scan itself goes on
+                log.warning("detq enqueue: job %d: could not renew its heartbeat", self.job_id, exc_info=True)

@@ -1,0 +1,134 @@
+"""Claims and heartbeats over SQLite and PostgreSQL: who may start an image, and what counts as dead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.claims_repo import claim, claimable_images
+from db.engine import make_engine, make_session_factory
+from db.images_repo import NewImage, insert_images
+from db.jobs_repo import create_job, get_or_create_model
+from db.models import Image, WorkerRecord, utcnow
+from db.workers_repo import (
+    LOST,
+    ROLE_PROCESS,
+    Beat,
+    WorkerIdentity,
+    beat,
+    close_lost_workers,
+    close_worker,
+    register_worker,
+)
+from tests.ledger_support import migrate
+
+Factory = sessionmaker[Session]
+TIMEOUT = timedelta(seconds=30)
+FreeAndBusy = tuple[list[int], int]
+
+
+@pytest.fixture()
+def factory(database_url: str) -> Iterator[Factory]:
+    migrate(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def _worker(factory: Factory, pid: int, host_key: str = "other-host/1") -> int:
+    identity = WorkerIdentity(ROLE_PROCESS, "cpu@h", "h", host_key, pid, "cpu", "cpu", "f" * 64)
+    with factory() as s, s.begin():
+        return register_worker(s, identity, utcnow())
+
+
+def _job(factory: Factory, n: int) -> tuple[int, list[int]]:
+    with factory() as s, s.begin():
+        model = get_or_create_model(s, sha256="f" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(s, model_id=model.id, roots=["/d"], pool="cpu", batch_size=n)
+        ids = insert_images(s, job.id, [NewImage(f"/d/{i}.jpg", 1, 1.0, 0, batch_id=7) for i in range(n)])
+        return job.id, ids
+
+
+def _view(
+    factory: Factory, job_id: int, ids: list[int], me: int, alive: bool = True
+) -> tuple[list[int], int]:
+    now = utcnow()
+    with factory() as s, s.begin():
+        view = claimable_images(
+            s, job_id, ids, me=me, now=now, seen_since=now - TIMEOUT, still_running=lambda _: alive
+        )
+    return [i.id for i in view.free], view.busy
+
+
+def _claim(factory: Factory, job_id: int, ids: list[int], me: int) -> list[int]:
+    now = utcnow()
+    with factory() as s, s.begin():
+        view = claimable_images(
+            s, job_id, ids, me=me, now=now, seen_since=now - TIMEOUT, still_running=lambda _: True
+        )
+        return claim(s, view.free, me=me, batch_id=7, now=now)
+
+
+def _attempts(factory: Factory, ids: list[int]) -> list[int]:
+    with factory() as s:
+        return list(s.scalars(sa.select(Image.attempts).where(Image.id.in_(ids)).order_by(Image.id)))
+
+
+def test_a_claim_counts_a_start_and_keeps_others_off_while_its_holder_runs_the_batch(
+    factory: Factory,
+) -> None:
+    job_id, ids = _job(factory, 3)
+    first, second = _worker(factory, 101), _worker(factory, 102)
+    # Given the first process claimed the batch
+    assert _claim(factory, job_id, ids, first) == ids
+    assert _attempts(factory, ids) == [1, 1, 1]
+    # Then another process finds every image busy, and cannot claim them
+    assert _view(factory, job_id, ids, second) == ([], 3)
+    assert _claim(factory, job_id, ids, second) == []
+    assert _attempts(factory, ids) == [1, 1, 1]
+
+
+def test_claims_of_a_closed_stale_dead_or_idle_process_are_free_again(factory: Factory) -> None:
+    job_id, ids = _job(factory, 2)
+    holder, other = _worker(factory, 201), _worker(factory, 202)
+    _claim(factory, job_id, ids, holder)
+    # When the holder moved on to another batch, its claims no longer hold
+    with factory() as s, s.begin():
+        beat(s, holder, utcnow(), Beat(current_batch_id=8))
+    assert _view(factory, job_id, ids, other) == (ids, 0)
+    with factory() as s, s.begin():
+        beat(s, holder, utcnow(), Beat(current_batch_id=7))
+    assert _view(factory, job_id, ids, other) == ([], 2)
+    # When its pid is known gone (same host), it is closed as lost and its claims are free
+    assert _view(factory, job_id, ids, other, alive=False) == (ids, 0)
+    with factory() as s:
+        record = s.get_one(WorkerRecord, holder)
+        assert (record.stop_reason, record.stopped_at is not None) == (LOST, True)
+    # And a second start counts a second attempt
+    assert _claim(factory, job_id, ids, other) == ids
+    assert _attempts(factory, ids) == [2, 2]
+
+
+def test_a_silent_worker_is_closed_as_lost_and_a_beat_brings_it_back(factory: Factory) -> None:
+    silent, lively = _worker(factory, 301), _worker(factory, 302)
+    later = utcnow() + timedelta(seconds=60)
+    with factory() as s, s.begin():
+        beat(s, lively, later, Beat())
+    with factory() as s, s.begin():
+        assert close_lost_workers(s, later - TIMEOUT, later) == [silent]
+    with factory() as s, s.begin():
+        beat(s, silent, later, Beat())
+    with factory() as s:
+        assert s.get_one(WorkerRecord, silent).stopped_at is None
+
+
+def test_a_clean_exit_closes_the_row_once(factory: Factory) -> None:
+    worker = _worker(factory, 401)
+    with factory() as s, s.begin():
+        assert close_worker(s, [worker], utcnow()) == 1
+    with factory() as s, s.begin():
+        assert close_worker(s, [worker], utcnow()) == 0

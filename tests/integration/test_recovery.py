@@ -1,0 +1,160 @@
+"""Self-healing: workers killed outright, pool processes killed, a poison image; every job finishes by
+itself, nothing lost, nothing twice. Each test prints how long recovery took."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.faults import (
+    FAST_HEALING,
+    check_ledger,
+    digests,
+    kill_whole_worker,
+    pool_pids,
+    save_slow_model,
+    wait_until,
+    write_images,
+)
+from tests.integration.harness import Deployment, WorkerHandle, running_worker
+
+pytestmark = pytest.mark.integration
+
+IMAGES = 48
+BATCH = "8"
+# The slow model takes about 0.1 s an image here: long enough to kill a worker mid-batch.
+SLOW_ITERATIONS = 200
+
+
+def _prepare(
+    deployment: Deployment, tmp_path: Path, count: int = IMAGES
+) -> tuple[list[Path], dict[str, str]]:
+    deployment.extra.update(FAST_HEALING)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", SLOW_ITERATIONS)
+    images = write_images(tmp_path / "in", count)
+    return images, digests(images)
+
+
+def _finished(deployment: Deployment, job_id: int) -> bool:
+    return bool(deployment.run_json("status", str(job_id))["state"] == "finished")
+
+
+def _done_at_least(deployment: Deployment, job_id: int, count: int) -> bool:
+    status = deployment.run_json("status", str(job_id))
+    return bool(status["done"] + status["failed"] + status["rejected"] >= count)
+
+
+def test_the_only_worker_killed_outright_and_a_new_one_finishes_the_job(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # Given a job running on one worker
+    images, before = _prepare(deployment, tmp_path)
+    with running_worker(deployment, concurrency=2, name="first") as first:
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", BATCH)["job_id"]
+        wait_until(lambda: _done_at_least(deployment, job_id, 8), 120, "8 images done")
+        # When the worker and its pool processes are SIGKILLed mid-job, and a new worker starts
+        killed_at = kill_whole_worker(first)
+    with running_worker(deployment, concurrency=2, name="second"):
+        finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+    # Then the job finished by itself, every image done once
+    print(f"\nrecovery: job finished {finished_at - killed_at:.1f} s after the kill")
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
+    assert finished_at - killed_at < 120
+
+
+def test_one_of_two_workers_killed_outright_the_other_finishes_its_batches(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # Given a job shared by two workers
+    images, before = _prepare(deployment, tmp_path)
+    with (
+        running_worker(deployment, concurrency=1, name="a") as a,
+        running_worker(deployment, concurrency=1, name="b"),
+    ):
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", BATCH)["job_id"]
+        wait_until(lambda: _done_at_least(deployment, job_id, 8), 120, "8 images done")
+        # When one of them is SIGKILLed with the batches it holds
+        killed_at = kill_whole_worker(a)
+        finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+    # Then the survivor's reconciler gave them back and the job finished, nothing lost or twice
+    print(f"\nrecovery: job finished {finished_at - killed_at:.1f} s after the kill")
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
+    assert finished_at - killed_at < 120
+
+
+def test_a_killed_pool_process_is_replaced_and_its_batch_delivered_again(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # Given a job on a worker with two pool processes
+    images, before = _prepare(deployment, tmp_path)
+    with running_worker(deployment, concurrency=2) as worker:
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", BATCH)["job_id"]
+        wait_until(lambda: _done_at_least(deployment, job_id, 8), 120, "8 images done")
+        # When one pool process is SIGKILLed (the OOM killer, a segfault)
+        os.kill(pool_pids(worker)[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+    print(f"\nrecovery: job finished {finished_at - killed_at:.1f} s after the kill")
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
+    print(f"attempts: {sorted(check.attempts.values())[-8:]}")
+
+
+class _PoisonHarness:
+    """Kills the pool process that logs it starts the poison image, each time it does."""
+
+    def __init__(self, worker: WorkerHandle, poison: Path) -> None:
+        self.pattern = re.compile(rf"pid (\d+) starts image \d+: {re.escape(str(poison))}")
+        self.worker = worker
+        self.kills = 0
+        self._seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            found = self.pattern.findall(self.worker.log())
+            for pid in found[self._seen :]:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.kills += 1
+            self._seen = len(found)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def test_a_poison_image_fails_after_max_attempts_and_its_batch_mates_finish(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given a folder where one image kills whichever process starts it
+    images, before = _prepare(embedded, tmp_path, count=16)
+    poison = images[5]
+    with running_worker(embedded, concurrency=2, loglevel="DEBUG") as worker:
+        harness = _PoisonHarness(worker, poison)
+        try:
+            job_id = embedded.run_json("enqueue", str(tmp_path / "in"), "--batch-size", BATCH)["job_id"]
+            started = time.monotonic()
+            finished_at = wait_until(lambda: _finished(embedded, job_id), 180, "job finished", interval=0.5)
+        finally:
+            harness.stop()
+    # Then it failed with the reason after DETQ_MAX_ATTEMPTS deaths, and every other image is done
+    elapsed = finished_at - started
+    print(f"\npoison: job finished {elapsed:.1f} s after enqueue, {harness.kills} processes killed")
+    check = check_ledger(embedded, job_id, images, before)
+    assert check.statuses[str(poison)] == "failed"
+    assert check.reasons[str(poison)] == "worker process died 3 times while processing this image"
+    assert check.attempts[str(poison)] == 3 and harness.kills == 3
+    assert {s for p, s in check.statuses.items() if p != str(poison)} == {"done"}

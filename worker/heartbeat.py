@@ -1,0 +1,133 @@
+"""Worker heartbeats: a row per node and per pool process, refreshed from a daemon thread, closed on exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.models import WorkerRecord, utcnow
+from db.retry import in_transaction
+from db.workers_repo import STOPPED, Beat, WorkerIdentity, beat, close_worker, register_worker
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 60.0
+
+
+def host_key() -> str:
+    """Where this process's pid means something: the host name and, on Linux, its pid namespace."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # pragma: no cover - no procfs
+        return socket.gethostname()
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def pid_running(pid: int) -> bool:
+    """True while a process of this pid exists here."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def still_running(record: WorkerRecord) -> bool:
+    """False only when the worker is known dead: on this host (same pid namespace), its pid is gone."""
+    return record.host_key != host_key() or pid_running(record.pid)
+
+
+@dataclass
+class ProcessStats:
+    """What a pool process has done, for its heartbeat: batches, images, and images/s over a minute."""
+
+    batches_done: int = 0
+    images_done: int = 0
+    current_batch_id: int | None = None
+    _recent: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, images: int, now: float | None = None) -> None:
+        """A batch ended with this many images brought to a terminal state."""
+        moment = time.monotonic() if now is None else now
+        self.batches_done += 1
+        self.images_done += images
+        self._recent.append((moment, images))
+
+    def images_per_s(self, now: float | None = None) -> float:
+        """Images finished per second over the last minute."""
+        moment = time.monotonic() if now is None else now
+        while self._recent and moment - self._recent[0][0] > RATE_WINDOW_S:
+            self._recent.popleft()
+        return round(sum(n for _, n in self._recent) / RATE_WINDOW_S, 3)
+
+    def beat(self) -> Beat:
+        """The heartbeat's payload."""
+        return Beat(
+            current_batch_id=self.current_batch_id,
+            batches_done=self.batches_done,
+            images_done=self.images_done,
+            images_per_s=self.images_per_s(),
+        )
+
+
+class Heartbeat:
+    """A worker row kept alive from a daemon thread every interval; closed (stopped) by stop()."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        identity: WorkerIdentity,
+        *,
+        interval_s: float,
+        state: Callable[[], Beat],
+    ) -> None:
+        self.sessions = sessions
+        self.identity = identity
+        self.interval_s = interval_s
+        self.state = state
+        self.worker_id = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"detq-heartbeat-{identity.role}", daemon=True)
+
+    def start(self) -> int:
+        """Register the row and start beating; returns the row's id."""
+        now = utcnow()
+        self.worker_id = in_transaction(self.sessions, lambda s: register_worker(s, self.identity, now))
+        self._thread.start()
+        return self.worker_id
+
+    def beat_now(self) -> None:
+        """One heartbeat, now."""
+        payload, now = self.state(), utcnow()
+        in_transaction(self.sessions, lambda s: beat(s, self.worker_id, now, payload), give_up_after_s=5)
+
+    def stop(self, reason: str = STOPPED) -> None:
+        """Stop beating and close the row (a clean exit)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval_s + 5)
+        try:
+            in_transaction(
+                self.sessions,
+                lambda s: close_worker(s, [self.worker_id], utcnow(), reason),
+                give_up_after_s=5,
+            )
+        except Exception:  # noqa: BLE001 - the row then ends as lost, found by the reconciler
+            log.warning("detq: could not close worker row %d", self.worker_id, exc_info=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat_now()
+            except Exception:  # noqa: BLE001 - a missed beat (database away) is retried next interval
+                log.warning("detq: heartbeat of worker %d failed", self.worker_id, exc_info=True)
