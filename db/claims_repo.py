@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Image, WorkerRecord, as_utc
@@ -33,6 +33,7 @@ class ClaimView:
 
     free: list[Claimable]
     busy: int
+    found: int = 0  # the job's images among the ids asked for, whatever their status
 
 
 def claimable_images(
@@ -53,6 +54,9 @@ def claimable_images(
     """
     if not image_ids:
         return ClaimView(free=[], busy=0)
+    found = session.scalar(
+        select(func.count()).select_from(Image).where(Image.job_id == job_id, Image.id.in_(list(image_ids)))
+    )
     rows = session.execute(
         select(
             Image.id,
@@ -91,7 +95,7 @@ def claimable_images(
             busy += 1
         else:
             free.append(image)
-    return ClaimView(free=free, busy=busy)
+    return ClaimView(free=free, busy=busy, found=found or 0)
 
 
 def claim(

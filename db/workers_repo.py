@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
 from db.models import WorkerRecord
@@ -135,3 +135,13 @@ def workers_by_id(session: Session, worker_ids: Sequence[int]) -> dict[int, Work
         return {}
     rows = session.scalars(select(WorkerRecord).where(WorkerRecord.id.in_(list(worker_ids))))
     return {row.id: row for row in rows}
+
+
+def list_workers(session: Session, stopped_since: datetime | None = None) -> list[WorkerRecord]:
+    """Open rows (and rows closed since stopped_since, if given), by node, each node before its processes."""
+    query = select(WorkerRecord)
+    if stopped_since is None:
+        query = query.where(WorkerRecord.stopped_at.is_(None))
+    else:
+        query = query.where(or_(WorkerRecord.stopped_at.is_(None), WorkerRecord.stopped_at >= stopped_since))
+    return list(session.scalars(query.order_by(WorkerRecord.node, WorkerRecord.role, WorkerRecord.id)))

@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from detq import embedded_broker
 from detq.contract import INFERENCE_QUEUES, QUEUE_ANY
 from detq.settings import Settings
 
@@ -36,6 +37,8 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
 def make_celery_app(settings: Settings) -> Celery:
     """Build the Celery app for these settings; producers send by task name, workers register the task."""
     app = Celery("detq", broker=settings.resolved_broker_url, set_as_current=False)
+    if settings.is_embedded_broker:
+        app.conf.broker_transport = embedded_broker.Transport
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

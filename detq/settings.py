@@ -28,6 +28,14 @@ class Settings(BaseSettings):
         default=None, description="Celery broker URL; default an embedded filesystem broker in data_dir."
     )
     model: Path = Field(default=BUNDLED_MODEL, description="Model file workers load and jobs default to.")
+    model_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Pin: workers refuse a model file (theirs, or a job's) whose sha256 is not this.",
+    )
+    flower_basic_auth: str | None = Field(
+        default=None, description="user:password (comma-separated pairs) that `detq flower` requires."
+    )
     allowed_roots: str = Field(
         default="",
         description="Folders workers may read from, separated by ':' or ','; empty: no extra limit.",

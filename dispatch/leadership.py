@@ -47,6 +47,7 @@ class Leadership:
         self.ttl = timedelta(seconds=ttl_s)
         self.owner = owner or make_owner_id()
         self._held_until = 0.0  # time.monotonic() when the last successful renewal runs out
+        self.reachable = True  # whether the last check reached the database
 
     @property
     def renew_interval_s(self) -> float:
@@ -59,16 +60,18 @@ class Leadership:
         return time.monotonic() < self._held_until
 
     def check(self) -> bool:
-        """Take or renew the lease; True when this process is the active scheduler."""
+        """Take or renew the lease; True while this process holds it."""
         started = time.monotonic()
         try:
             with self.factory() as session, session.begin():
                 held = acquire_lease(session, self.name, self.owner, utcnow(), self.ttl)
         except SQLAlchemyError as exc:
+            self.reachable = False
             log.warning(
                 "detq: cannot renew the %s lease (%s); still held: %s", self.name, exc, self.is_leader
             )
             return self.is_leader
+        self.reachable = True
         # Measured from before the call: the row's expiry is never earlier than what this process assumes.
         self._held_until = started + self.ttl.total_seconds() if held else 0.0
         return held

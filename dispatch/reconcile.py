@@ -22,7 +22,7 @@ from db.ledger import Ledger
 from db.models import as_utc, utcnow
 from db.retry import in_transaction
 from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
-from detq.contract import batch_id_of, task_id_for
+from detq.contract import batch_id_of, batches_of, task_id_for
 from detq.settings import Settings
 from dispatch.broker import BrokerView, read_broker, restore_unacked
 from dispatch.send import send_batch
@@ -80,8 +80,7 @@ def _batch_unbatched(ledger: Ledger, batch: OpenBatch, now: datetime) -> list[Op
     """Images recorded by a detq without batches: put them in batches so they can be tracked and sent."""
     ids = in_transaction(ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=None))
     made = []
-    for start in range(0, len(ids), batch.batch_size):
-        chunk = ids[start : start + batch.batch_size]
+    for chunk in batches_of(ids, batch.batch_size):  # at most what a worker accepts, whatever was asked
         new_id = in_transaction(
             ledger.sessions, partial(assign_batch, job_id=batch.job_id, image_ids=chunk, now=now)
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from db.engine import is_transient_error
 from db.ledger import Ledger, open_ledger
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
@@ -49,12 +51,22 @@ class ReconcilerLoop:
     def _run(self) -> None:
         assert self.ledger is not None and self._leadership is not None
         app = make_celery_app(self.settings)
+        # Nobody could beat while the database was away: a worker is only judged once it has been
+        # reachable for a whole DETQ_WORKER_TIMEOUT, or every worker would look dead after an outage.
+        reachable_since: float | None = None
         try:
             while not self._stop.wait(self.settings.reconcile_interval_s):
                 try:
-                    if self._leadership.check():
+                    held = self._leadership.check()
+                    if not self._leadership.reachable:
+                        reachable_since = None
+                        continue
+                    reachable_since = reachable_since or time.monotonic()
+                    if held and time.monotonic() - reachable_since >= self.settings.worker_timeout:
                         reconcile(self.ledger, app, self.settings)
-                except Exception:  # noqa: BLE001 - a failed pass (broker or database away) is tried again
+                except Exception as exc:  # noqa: BLE001 - a failed pass (broker or database away) is retried
+                    if is_transient_error(exc):
+                        reachable_since = None
                     log.warning("detq reconciler: pass failed; trying again", exc_info=True)
         finally:
             app.close()

@@ -139,9 +139,7 @@ def enqueue_folders(
         except BROKER_ERRORS as exc:
             reason = f"not queued: the broker became unreachable during enqueue ({_one_line(exc)})"
             in_transaction(factory, partial(abandon_enqueue, job_id=job_id, reason=reason, now=utcnow()))
-            raise EnqueueError(
-                f"job {job_id}: {reason}; closed after queueing {sent.images} images, the rest failed"
-            ) from None
+            raise EnqueueError(f"job {job_id} closed, its images failed: {reason}") from None
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
         if counts is not None:

@@ -36,6 +36,7 @@ class JobStatus:
     created_at: str
     finished_at: str | None
     elapsed_s: float
+    closed_reason: str | None = None  # why the job was closed early (its producer died, the broker went)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -74,4 +75,5 @@ def job_status(session: Session, job_id: int) -> JobStatus:
         created_at=created.isoformat(),
         finished_at=as_utc(job.finished_at).isoformat() if job.finished_at else None,
         elapsed_s=round((end - created).total_seconds(), 3),
+        closed_reason=job.closed_reason,
     )

@@ -79,34 +79,45 @@ def _read_job(session: Session, job_id: int) -> _JobView:
     )
 
 
-def _claim_view(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
+def _claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
     now = utcnow()
-    seen_since = now - timedelta(seconds=runtime.settings.worker_timeout)
-    return in_transaction(
-        runtime.ledger.sessions,
-        lambda s: claimable_images(
-            s,
-            job_id,
-            image_ids,
-            me=runtime.worker_id,
-            now=now,
-            seen_since=seen_since,
-            still_running=still_running,
-        ),
+    return claimable_images(
+        session,
+        job_id,
+        image_ids,
+        me=runtime.worker_id,
+        now=now,
+        seen_since=now - timedelta(seconds=runtime.settings.worker_timeout),
+        still_running=still_running,
     )
 
 
-def _claim(runtime: WorkerRuntime, images: Sequence[Claimable], batch_id: int | None) -> list[Claimable]:
-    if not images:
-        return []
-    now = utcnow()
-    won = set(
-        in_transaction(
-            runtime.ledger.sessions,
-            lambda s: claim(s, images, me=runtime.worker_id, batch_id=batch_id, now=now),
-        )
+@dataclass(frozen=True)
+class _Start:
+    job: _JobView
+    view: ClaimView
+    fresh: list[Claimable]  # never started before, now claimed by this process
+
+
+def _start(
+    session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None
+) -> _Start:
+    """One transaction: the job, which images are free, and the claim of those never started before."""
+    job = _read_job(session, job_id)
+    view = _claim_view(session, runtime, job_id, image_ids)
+    fresh = [i for i in view.free if i.attempts == 0]
+    won = (
+        set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=utcnow())) if fresh else set()
     )
-    return [image for image in images if image.id in won]
+    return _Start(job=job, view=view, fresh=[i for i in fresh if i.id in won])
+
+
+def _claim_one(runtime: WorkerRuntime, image: Claimable, batch_id: int | None) -> bool:
+    now = utcnow()
+    won = in_transaction(
+        runtime.ledger.sessions, lambda s: claim(s, [image], me=runtime.worker_id, batch_id=batch_id, now=now)
+    )
+    return bool(won)
 
 
 def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]) -> int:
@@ -128,35 +139,42 @@ def process_batch(
     runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None = None
 ) -> BatchReport:
     """Bring every pending image of this batch that no live process is on to a terminal state."""
-    job = in_transaction(runtime.ledger.sessions, lambda s: _read_job(s, job_id))
-    view = _claim_view(runtime, job_id, image_ids)
-    report = BatchReport(skipped=len(image_ids) - len(view.free))
+    start = in_transaction(runtime.ledger.sessions, lambda s: _start(s, runtime, job_id, image_ids, batch_id))
+    job, view = start.job, start.view
+    if view.found < len(image_ids):
+        # A forged or corrupted message: ids of another job, or of no image at all. Nothing is written.
+        log.warning(
+            "job %d: %d of the %d ids in the message are not images of this job; ignored",
+            job_id,
+            len(image_ids) - view.found,
+            len(image_ids),
+        )
     limit = runtime.settings.max_attempts
+    report = BatchReport(skipped=len(image_ids) - len(view.free))
+    report.skipped += sum(1 for i in view.free if i.attempts == 0) - len(start.fresh)
     exhausted = [
         ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=died_reason(i.attempts))
         for i in view.free
         if i.attempts >= limit
     ]
-    fresh = [i for i in view.free if i.attempts == 0]
     # Fewest deaths first: batch-mates of a poison image finish before it is tried again.
     suspects = sorted((i for i in view.free if 0 < i.attempts < limit), key=lambda i: (i.attempts, i.id))
-    try:
-        model = runtime.model_for(job.model_sha256, job.model_path)
-    except ModelLoadError as exc:
-        failed = [
-            ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc)) for i in fresh + suspects
-        ]
-        report.count(exhausted + failed, _write(runtime, job_id, job.model_id, exhausted + failed))
-        return report
     runtime.stats.current_batch_id = batch_id
     try:
-        started = _claim(runtime, fresh, batch_id)
-        results = exhausted + detect_images(runtime, model, _pending(started), job.roots)
+        try:
+            model = runtime.model_for(job.model_sha256, job.model_path)
+        except ModelLoadError as exc:
+            failed = [
+                ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc))
+                for i in start.fresh + suspects
+            ]
+            report.count(exhausted + failed, _write(runtime, job_id, job.model_id, exhausted + failed))
+            return report
+        results = exhausted + detect_images(runtime, model, _pending(start.fresh), job.roots)
         report.count(results, _write(runtime, job_id, job.model_id, results))
-        report.skipped += len(fresh) - len(started)
         for suspect in suspects:
             # Started before by a process that died: alone, and committed alone, in case it is the cause.
-            if not _claim(runtime, [suspect], batch_id):
+            if not _claim_one(runtime, suspect, batch_id):
                 report.skipped += 1
                 continue
             alone = detect_images(runtime, model, _pending([suspect]), job.roots)
@@ -169,7 +187,7 @@ def process_batch(
 
 def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], reason: str) -> int:
     """Last resort when a batch cannot finish: its pending images no live process is on fail with reason."""
-    view = _claim_view(runtime, job_id, image_ids)
+    view = in_transaction(runtime.ledger.sessions, lambda s: _claim_view(s, runtime, job_id, image_ids))
     results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason) for i in view.free]
     job = in_transaction(runtime.ledger.sessions, lambda s: get_job(s, job_id))
     if job is None:

@@ -6,12 +6,15 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 # EXIF orientations 5-8 transpose the image: raw width becomes displayed height.
 _TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 _EXIF_ORIENTATION_TAG = 0x0112
+# Longer side over shorter side; panoramas reach about 10:1, line-scan strips far more.
+MAX_ASPECT_RATIO = 100
 
 
 class ImageRejected(Exception):
@@ -42,18 +45,19 @@ def _orientation(img: Image.Image) -> int:
 
 
 def decode_image(
-    path: Path,
+    source: Path | BinaryIO,
     *,
     target_size: tuple[int, int] | None,
     max_pixels: int,
     max_bytes: int,
 ) -> DecodedImage:
-    """Decode `path` to RGB in its displayed orientation, reduced toward `target_size` (height, width).
+    """Decode a file (a path, or a file already opened) to RGB in its displayed orientation, reduced
+    toward `target_size` (height, width).
 
     The returned width/height are the original displayed size; scale_x/scale_y convert decoded pixels
     to original pixels. Raises ImageRejected or ImageUnreadable with a reason.
     """
-    size = os.stat(path).st_size
+    size = os.stat(source).st_size if isinstance(source, Path) else os.fstat(source.fileno()).st_size
     if size == 0:
         raise ImageUnreadable("empty file (0 bytes)")
     if size > max_bytes:
@@ -62,7 +66,7 @@ def decode_image(
         with warnings.catch_warnings():
             # We enforce our own pixel limit below, before any pixel is decoded.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(path)
+            img = Image.open(source)
     except Image.DecompressionBombError as exc:
         # Pillow's own message names twice our limit, its threshold for refusing to open at all.
         raise ImageRejected(
@@ -86,6 +90,10 @@ def _decode_opened(img: Image.Image, *, target_size: tuple[int, int] | None, max
         raise ImageRejected(
             f"image is {raw_w}x{raw_h} = {raw_w * raw_h} pixels, over the limit of {max_pixels}"
         )
+    if max(raw_w, raw_h) > MAX_ASPECT_RATIO * min(raw_w, raw_h):
+        # Checked on the header, before a pixel is decoded: a 2 x 1,000,000 strip under the pixel limit
+        # would otherwise become a full-size tensor that no detector input can show anyway.
+        raise ImageRejected(f"image is {raw_w}x{raw_h}, an aspect ratio over {MAX_ASPECT_RATIO}:1")
     orientation = _orientation(img)
     transposed = orientation in _TRANSPOSING_ORIENTATIONS
     width, height = (raw_h, raw_w) if transposed else (raw_w, raw_h)

@@ -6,7 +6,6 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -15,7 +14,7 @@ from detq.vocabulary import ImageStatus
 from worker.decode import DecodedImage, ImageRejected, ImageUnreadable, decode_image
 from worker.inference import InferenceOutcome, run_model
 from worker.models.loading import LoadedModel
-from worker.paths import PathRejected, resolve_confined
+from worker.paths import PathRejected, open_confined
 from worker.rows import to_detection_rows
 from worker.runtime import WorkerRuntime
 
@@ -30,13 +29,13 @@ def prepare_image(
     try:
         if not 0 <= image.root_index < len(roots):
             raise PathRejected(f"image names root #{image.root_index}, the job has {len(roots)}")
-        path = resolve_confined(image.path, roots[image.root_index], settings.allowed_root_paths)
-        return decode_image(
-            Path(path),
-            target_size=model.decode_target,
-            max_pixels=settings.max_image_pixels,
-            max_bytes=settings.max_file_bytes,
-        )
+        with open_confined(image.path, roots[image.root_index], runtime.allowed_roots) as opened:
+            return decode_image(
+                opened.handle,
+                target_size=model.decode_target,
+                max_pixels=settings.max_image_pixels,
+                max_bytes=settings.max_file_bytes,
+            )
     except SoftTimeLimitExceeded:
         raise  # the batch's time is up: never one image's decode error
     except (PathRejected, ImageRejected) as exc:

@@ -75,6 +75,10 @@ def run_worker(
     )
     # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
     sha256 = file_sha256(settings.model)
+    if settings.model_sha256 and sha256 != settings.model_sha256:
+        raise WorkerStartupError(
+            f"{settings.model} has sha256 {sha256}, but DETQ_MODEL_SHA256 pins {settings.model_sha256}"
+        )
     app = make_celery_app(settings)
     node_ledger = open_ledger(settings)  # migrates the embedded default, refuses an old PostgreSQL schema
     node_beat = Heartbeat(

@@ -37,11 +37,21 @@ class WorkerRuntime:
     stats: ProcessStats = field(default_factory=ProcessStats)
     heartbeat: Heartbeat | None = None
 
+    # DETQ_ALLOWED_ROOTS resolved once, at start: one replaced by a symlink later does not move.
+    allowed_roots: list[Path] = field(default_factory=list)
+
     def __post_init__(self) -> None:
         self.models[self.default_model.sha256] = self.default_model
+        if not self.allowed_roots:
+            self.allowed_roots = self.settings.allowed_root_paths
 
     def model_for(self, sha256: str, path: str) -> LoadedModel:
         """The model with this sha256, loading it once from `path` when a job names another model."""
+        pinned = self.settings.model_sha256
+        if pinned and sha256 != pinned:
+            raise ModelLoadError(
+                f"job's model {sha256[:12]} is not the one DETQ_MODEL_SHA256 pins ({pinned[:12]})"
+            )
         cached = self.models.get(sha256)
         if cached is not None:
             self.models.move_to_end(sha256)

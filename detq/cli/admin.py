@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ from db.ledger import ledger
 from db.migrate import current_revision, head_revision, upgrade
 from detq.cli.base import DetqCommand, DetqGroup, examples, load_settings
 from detq.cli.output import print_json
+from detq.settings import Settings
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -52,18 +55,57 @@ def db_current(as_json: bool) -> None:
         click.echo(revision or "empty (run: detq db upgrade)")
 
 
-@click.command(cls=DetqCommand, epilog=examples("detq flower", "detq flower --port 8080"))
+@click.command(
+    cls=DetqCommand,
+    epilog=examples(
+        "detq flower",
+        "DETQ_FLOWER_BASIC_AUTH=ops:secret detq flower --address 0.0.0.0 --port 8080",
+    ),
+)
 @click.option(
     "--port", type=click.IntRange(1, 65535), default=5555, show_default=True, help="Port to serve on."
 )
-def flower(port: int) -> None:
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; anything but loopback should come with DETQ_FLOWER_BASIC_AUTH.",
+)
+def flower(port: int, address: str) -> None:
     """Run Celery Flower on the configured broker.
 
-    Needs the flower extra: pip install 'detq[flower]'.
+    Needs the flower extra: pip install 'detq[flower]'. Listens on 127.0.0.1 unless told otherwise.
     """
-    settings = load_settings()
-    command = [sys.executable, "-m", "celery", "--broker", settings.resolved_broker_url, "flower"]
-    raise SystemExit(subprocess.call([*command, f"--port={port}"]))
+    argv, env = flower_command(load_settings(), address=address, port=port)
+    if address not in ("127.0.0.1", "localhost", "::1") and "FLOWER_BASIC_AUTH" not in env:
+        click.echo(f"detq flower: listening on {address} without DETQ_FLOWER_BASIC_AUTH", err=True)
+    raise SystemExit(run_until_stopped(argv, env))
+
+
+def flower_command(settings: Settings, *, address: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """Flower's command line and environment: the broker URL and credentials travel in the environment,
+    never on the command line, where any local user could read them (ps)."""
+    env = dict(os.environ)
+    env["CELERY_BROKER_URL"] = settings.resolved_broker_url
+    if settings.flower_basic_auth:
+        env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+    argv = [sys.executable, "-m", "celery", "flower", f"--address={address}", f"--port={port}"]
+    return argv, env
+
+
+def run_until_stopped(argv: list[str], env: dict[str, str]) -> int:
+    """Run a child, passing SIGTERM and SIGINT on to it, so it never outlives this process."""
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @click.command(

@@ -168,6 +168,8 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         click.echo(render_line(current, rate=None))
         roots = ", ".join(current.roots)
         click.echo(f"detections {current.detections}, elapsed {current.elapsed_s:.1f} s, roots {roots}")
+        if current.closed_reason:
+            click.echo(f"closed early: {current.closed_reason}")
 
 
 @click.command(cls=DetqCommand, epilog=examples("detq jobs", "detq jobs --limit 5 --json"))

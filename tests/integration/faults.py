@@ -21,23 +21,26 @@ FAST_HEALING = {"DETQ_WORKER_TIMEOUT": "6"}
 READY_PIDS = re.compile(r"pool process \d+ \(pid (\d+)\) ready")
 
 
-def save_slow_model(path: Path, iterations: int = 200) -> Path:
+def save_slow_model(path: Path, iterations: int = 200, *, wider_than: int = 0) -> Path:
     """A scripted torchvision-format model that computes for a while per image (about 0.5 ms an
-    iteration here), then boxes the middle half of the image with score 0.9."""
+    iteration here), then boxes the middle half of the image with score 0.9. With wider_than, only
+    images wider than that are slow."""
     import torch
 
     class Slow(torch.nn.Module):
-        def __init__(self, iters: int) -> None:
+        def __init__(self, iters: int, wider_than: int) -> None:
             super().__init__()
             self.iters = iters
+            self.wider_than = wider_than
             self.w = torch.nn.Parameter(torch.randn(256, 256) / 16, requires_grad=False)
 
         def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
             out: list[dict[str, torch.Tensor]] = []
             for img in images:
                 y = self.w
-                for _ in range(self.iters):
-                    y = torch.tanh(y @ self.w)
+                if img.shape[2] > self.wider_than:
+                    for _ in range(self.iters):
+                        y = torch.tanh(y @ self.w)
                 h = float(img.shape[1])
                 w = float(img.shape[2])
                 box = torch.tensor([[0.25 * w, 0.25 * h, 0.75 * w, 0.75 * h]]) + y[0, 0] * 0
@@ -54,7 +57,9 @@ def save_slow_model(path: Path, iterations: int = 200) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(
-            torch.jit.script(Slow(iterations).eval()), str(path), _extra_files={"detq.json": json.dumps(meta)}
+            torch.jit.script(Slow(iterations, wider_than).eval()),
+            str(path),
+            _extra_files={"detq.json": json.dumps(meta)},
         )
     return path
 

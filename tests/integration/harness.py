@@ -107,6 +107,9 @@ def running_worker(
         if wait_ready:
             handle.wait_for(READY_MARK, count=concurrency)
         yield handle
+    except AssertionError as exc:
+        # A test that fails inside a worker's lifetime shows what the worker said, for CI's log.
+        raise AssertionError(f"{exc}\n--- log of worker {name} (tail) ---\n{handle.log()[-6000:]}") from exc
     finally:
         stop_worker(handle)
 

@@ -200,3 +200,28 @@ def test_restarted_scheduler_runs_a_missed_run_once(embedded: Deployment, tmp_pa
     assert caught - missed_from >= timedelta(seconds=6)  # three or more fire times were missed
     assert datetime.fromisoformat(regular.scheduled_for) - caught == timedelta(seconds=2)
     assert not torch_mark(embedded).exists()
+
+
+def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given a schedule over 20000 files, due every 5 s, and a worker to heal and run it
+    folder = tmp_path / "cams"
+    folder.mkdir()
+    for i in range(20000):
+        (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each fails fast with a reason
+    configure(embedded, tmp_path, folder, "*/5 * * * * *")
+    embedded.extra["DETQ_WORKER_TIMEOUT"] = "6"
+    with running_worker(embedded, concurrency=2), running_scheduler(embedded) as scheduler:
+        # When the scheduler is SIGKILLed while its run is still scanning
+        deadline = time.monotonic() + 60
+        while not any(run.state == "enqueuing" and run.total > 0 for run in runs(embedded)):
+            assert time.monotonic() < deadline, "no run caught mid-scan"
+            time.sleep(0.02)
+        os.killpg(scheduler.proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        (run,) = [r for r in runs(embedded) if r.state == "enqueuing"]
+        # Then the run's job is closed with what was recorded and finishes, with no person involved
+        finished = wait_until_finished(embedded, run.job_id, timeout=120)
+    print(f"\nscheduler killed: run closed and finished {time.monotonic() - killed_at:.1f} s later")
+    assert finished.pending == 0 and finished.total > 0 and finished.failed == finished.total

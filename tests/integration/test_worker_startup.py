@@ -63,6 +63,21 @@ def test_broken_model_stops_the_worker_at_start_up(embedded: Deployment, tmp_pat
     assert "cannot load" in output
 
 
+def test_a_pinned_worker_refuses_a_model_file_with_another_hash(embedded: Deployment) -> None:
+    embedded.extra["DETQ_MODEL_SHA256"] = "0" * 64
+    done = subprocess.run(
+        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
+        env=embedded.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("detq worker:") and "but DETQ_MODEL_SHA256 pins 0000" in line
+
+
 def test_gpu_pool_refuses_to_start_without_cuda(embedded: Deployment) -> None:
     import torch
 

@@ -219,3 +219,30 @@ def test_a_soft_time_limit_fails_the_unfinished_images_with_a_timeout_reason(
     assert all(row.status == ImageStatus.FAILED for row in rows.values())
     assert {row.reason for row in rows.values()} == {"batch exceeded the task's soft time limit"}
     assert report.failed == 8
+
+
+def test_a_message_naming_another_jobs_images_writes_nothing(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given two jobs, and a hand-made message for the first naming the second's images
+    write_jpeg(tmp_path / "a.jpg", (32, 32))
+    first, second = stage(tmp_path, ["a.jpg"]), stage(tmp_path, ["a.jpg"])
+    # When it is processed
+    report = run_batch(runtime, BatchMessage(first.job_id, second.image_ids))
+    # Then nothing is written, the second job's image is still pending, and the log says why
+    assert report.written == 0
+    assert [row.status for row in _rows(runtime, second.job_id).values()] == [ImageStatus.PENDING]
+    assert "are not images of this job; ignored" in caplog.text
+
+
+def test_a_pinned_worker_refuses_a_job_of_another_model(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a worker pinned to a hash that is not its job's model
+    runtime.settings = runtime.settings.model_copy(update={"model_sha256": "0" * 64})
+    write_jpeg(tmp_path / "a.jpg", (32, 32))
+    job = stage(tmp_path, ["a.jpg"])
+    # When the batch runs, Then its image fails with the pin as the reason, no model is loaded from it
+    process_batch(runtime, job.job_id, job.image_ids)
+    (row,) = _rows(runtime, job.job_id).values()
+    assert row.status == ImageStatus.FAILED and "DETQ_MODEL_SHA256" in (row.reason or "")

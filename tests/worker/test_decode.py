@@ -103,3 +103,21 @@ def test_file_too_large_is_rejected(tmp_path: Path) -> None:
     path = write_jpeg(tmp_path / "a.jpg", (64, 64))
     with pytest.raises(ImageRejected, match="bytes"):
         decode_image(path, target_size=None, max_pixels=10**8, max_bytes=10)
+
+
+def test_an_extreme_aspect_ratio_is_rejected_on_its_header(tmp_path: Path) -> None:
+    # Given a 2 x 1,000,000 PNG: 2 megapixels, under the pixel limit, a few KB on disk
+    path = tmp_path / "strip.png"
+    Image.new("RGB", (1_000_000, 2), (10, 20, 30)).save(path)
+    assert path.stat().st_size < 50_000
+    # Then it is refused before decoding, in both orientations of the same file
+    with pytest.raises(ImageRejected, match="aspect ratio over 100:1"):
+        decode_image(path, target_size=(256, 256), **LIMITS)
+    tall = tmp_path / "tall.png"
+    Image.new("RGB", (3, 400), (1, 2, 3)).save(tall)
+    with pytest.raises(ImageRejected, match="1000000x2|3x400"):
+        decode_image(tall, target_size=None, **LIMITS)
+    # And a panorama-like 10:1 image still decodes
+    wide = tmp_path / "pano.png"
+    Image.new("RGB", (1000, 100), (1, 2, 3)).save(wide)
+    assert decode_image(wide, target_size=None, **LIMITS).width == 1000

@@ -162,3 +162,17 @@ def test_export_into_a_missing_folder_is_a_clear_error(
     err = capsys.readouterr().err.strip()
     missing = embedded / "nowhere"
     assert err == f"detq export: cannot write {missing / 'r.csv'}: folder {missing} does not exist"
+
+
+def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_line(
+    embedded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from detq.cli.admin import flower_command
+
+    monkeypatch.setenv("DETQ_BROKER_URL", "rediss://:hunter2@queue:6380/0")
+    monkeypatch.setenv("DETQ_FLOWER_BASIC_AUTH", "ops:secret")
+    get_settings.cache_clear()
+    argv, env = flower_command(get_settings(), address="127.0.0.1", port=5555)
+    assert "--address=127.0.0.1" in argv and not any("hunter2" in arg for arg in argv)
+    assert env["CELERY_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
+    assert env["FLOWER_BASIC_AUTH"] == "ops:secret"

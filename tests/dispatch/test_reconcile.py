@@ -1,0 +1,132 @@
+"""The reconciler over a real SQLite ledger and the real embedded broker: what it sends again, what not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from db.batches_repo import create_batches, mark_sent
+from db.images_repo import NewImage, insert_images
+from db.jobs_repo import create_job, finish_enqueue, get_job, get_or_create_model, touch_enqueue
+from db.ledger import Ledger, open_ledger
+from db.models import WorkerRecord, utcnow
+from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity, beat, register_worker
+from detq.celery_app import make_celery_app
+from detq.contract import task_id_for
+from detq.settings import Settings
+from dispatch.broker import read_broker
+from dispatch.reconcile import reconcile
+from dispatch.send import send_batch
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)  # type: ignore[call-arg]
+
+
+@pytest.fixture()
+def ledger(settings: Settings) -> Iterator[Ledger]:
+    opened = open_ledger(settings)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture()
+def app(settings: Settings) -> Iterator[Celery]:
+    made = make_celery_app(settings)
+    yield made
+    made.close()
+
+
+def _job_with_batch(ledger: Ledger, images: int = 3, *, enqueued: bool = True) -> tuple[int, int]:
+    """A job with one batch of pending images recorded (not sent); (job id, batch id)."""
+    with ledger.sessions() as s, s.begin():
+        model = get_or_create_model(s, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(s, model_id=model.id, roots=["/d"], pool="cpu", batch_size=8)
+        (batch_id,) = create_batches(s, job.id, [images], utcnow())
+        insert_images(
+            s, job.id, [NewImage(f"/d/{i}.jpg", 1, 1.0, 0, batch_id=batch_id) for i in range(images)]
+        )
+        if enqueued:
+            finish_enqueue(s, job.id, images)
+        return job.id, batch_id
+
+
+def _queued(app: Celery, settings: Settings) -> set[str]:
+    return read_broker(app, settings).queued
+
+
+def test_a_batch_with_no_copy_anywhere_is_sent_again_after_its_grace(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a batch recorded but whose message never reached the broker
+    job_id, batch_id = _job_with_batch(ledger)
+    now = utcnow()
+    # When the reconciler passes twice, the grace period apart
+    first = reconcile(ledger, app, settings, now=now)
+    assert (first.resent_batches, first.waiting) == (0, 1)
+    assert _queued(app, settings) == set()
+    second = reconcile(ledger, app, settings, now=now + timedelta(seconds=settings.missing_grace_s))
+    # Then it is sent again, under its own task id, with its pending images
+    assert (second.resent_batches, second.resent_images) == (1, 3)
+    assert _queued(app, settings) == {task_id_for(batch_id)}
+    # And a third pass leaves the queued copy alone
+    third = reconcile(ledger, app, settings, now=now + timedelta(seconds=3 * settings.missing_grace_s))
+    assert (third.resent_batches, third.waiting) == (0, 0)
+
+
+def test_a_batch_still_queued_behind_a_backlog_is_never_sent_twice(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    job_id, batch_id = _job_with_batch(ledger)
+    send_batch(app, job_id=job_id, batch_id=batch_id, image_ids=[1, 2, 3], pool="cpu")
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [batch_id], utcnow())
+    later = utcnow() + timedelta(hours=5)
+    for offset in range(3):
+        report = reconcile(ledger, app, settings, now=later + timedelta(minutes=offset))
+        assert (report.resent_batches, report.waiting) == (0, 0)
+    assert len(list((settings.broker_dir / "queue").glob("*.msg"))) == 1
+
+
+def test_a_batch_a_live_node_holds_is_left_alone_and_a_dead_ones_is_sent_again(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a node that reported holding the batch, whose message left the broker
+    job_id, batch_id = _job_with_batch(ledger)
+    now = utcnow()
+    identity = WorkerIdentity(ROLE_NODE, "cpu@h", "h", "h/1", 10, "cpu")
+    with ledger.sessions() as s, s.begin():
+        node = register_worker(s, identity, now)
+        beat(s, node, now, Beat(held=[task_id_for(batch_id)]))
+    # Then while it beats, nothing is sent
+    for offset in (0, 5, 10):
+        assert reconcile(ledger, app, settings, now=now + timedelta(seconds=offset)).resent_batches == 0
+    # When it stops beating past the timeout, it is closed as lost and its batch sent again
+    dead = now + timedelta(seconds=settings.worker_timeout + 1)
+    report = reconcile(ledger, app, settings, now=dead)
+    assert report.lost_workers == [node]
+    report = reconcile(ledger, app, settings, now=dead + timedelta(seconds=settings.missing_grace_s))
+    assert report.resent_batches == 1
+    with ledger.sessions() as s:
+        assert s.get_one(WorkerRecord, node).stop_reason == "lost"
+
+
+def test_a_job_whose_producer_stopped_mid_scan_is_closed_with_what_was_recorded(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a job still enqueuing, its producer last seen long ago
+    job_id, _ = _job_with_batch(ledger, images=2, enqueued=False)
+    with ledger.sessions() as s, s.begin():
+        touch_enqueue(s, job_id, utcnow())
+    report = reconcile(ledger, app, settings, now=utcnow() + timedelta(seconds=settings.worker_timeout + 1))
+    # Then it is closed with its two recorded images, and the reason says so
+    assert report.closed_jobs == [job_id]
+    with ledger.sessions() as s:
+        job = get_job(s, job_id)
+        assert job is not None and job.enqueued_complete and job.total == 2
+        assert "producer stopped" in (job.closed_reason or "")

@@ -1,0 +1,111 @@
+"""Throwaway Redis and PostgreSQL servers for tests that stop them; the shared services are never touched."""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import service_missing
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class ThrowawayRedis:
+    """redis-server on its own port, without persistence: a restart loses what was queued."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            service_missing("redis-server", FileNotFoundError("redis-server not on PATH"))
+        self.binary = str(binary)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+class ThrowawayPostgres:
+    """A PostgreSQL cluster in a temporary folder, run as the postgres user on its own port."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found or shutil.which("runuser") is None:
+            service_missing("PostgreSQL binaries", FileNotFoundError("no initdb under /usr/lib/postgresql"))
+        self.bin = Path(found[-1]).parent
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="detq-pg-"))
+        shutil.chown(self.folder, "postgres", "postgres")
+        self.data = self.folder / "data"
+        self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, *command: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *command], check=True, capture_output=True, timeout=120
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
+        # -l: the server's output goes to a file, not to the pipe this process waits on.
+        log = str(self.folder / "server.log")
+        self._as_postgres(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", log, "-o", options, "-w", "start"
+        )
+
+    def stop(self) -> None:
+        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def remove(self) -> None:
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _wait_for_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"nothing listens on port {port} after {timeout} s")

@@ -1,0 +1,154 @@
+"""Outages of the services around the workers: Redis restarted, PostgreSQL down for 30 s, the broker
+lost in the middle of an enqueue. Throwaway servers on their own ports; the shared ones are never stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from db.ledger import ledger
+from detq.celery_app import make_celery_app
+from detq.settings import Settings
+from detq.vocabulary import Pool
+from producer.enqueue import EnqueueError, enqueue_folders
+from producer.status import job_status
+from tests.integration.faults import (
+    FAST_HEALING,
+    check_ledger,
+    digests,
+    save_slow_model,
+    wait_until,
+    write_images,
+)
+from tests.integration.harness import Deployment, running_worker
+from tests.integration.servers import ThrowawayPostgres, ThrowawayRedis
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def throwaway_redis() -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
+    server = ThrowawayPostgres()
+    server.start()
+    yield server
+    server.remove()
+
+
+def _progress(deployment: Deployment, job_id: int) -> dict[str, int] | None:
+    """The job's counts, or None while the ledger cannot be read (during an outage)."""
+    try:
+        status = deployment.run_json("status", str(job_id), timeout=60)
+    except AssertionError:
+        return None
+    return {key: int(status[key]) for key in ("done", "failed", "rejected", "pending")} | {
+        "finished": int(status["state"] == "finished")
+    }
+
+
+def _reached(deployment: Deployment, job_id: int, done: int) -> bool:
+    progress = _progress(deployment, job_id)
+    return progress is not None and progress["done"] >= done
+
+
+def _finished(deployment: Deployment, job_id: int) -> bool:
+    progress = _progress(deployment, job_id)
+    return progress is not None and progress["finished"] == 1
+
+
+def test_redis_restarted_mid_run_the_job_completes(
+    throwaway_redis: ThrowawayRedis, postgres_url: str, tmp_path: Path
+) -> None:
+    # Given a job running against a Redis that keeps nothing across a restart
+    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=throwaway_redis.url)
+    deployment.run("db", "upgrade")
+    deployment.extra.update(FAST_HEALING)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", 200)
+    images = write_images(tmp_path / "in", 48)
+    before = digests(images)
+    with running_worker(deployment, concurrency=2):
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "8")["job_id"]
+        wait_until(lambda: _reached(deployment, job_id, 8), 120, "8 images done")
+        # When Redis restarts empty: every queued message is gone
+        throwaway_redis.stop()
+        time.sleep(2)
+        throwaway_redis.start()
+        restarted_at = time.monotonic()
+        # Then the workers reconnect, the lost batches are sent again, and the job completes
+        finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+    print(f"\nredis restart: job finished {finished_at - restarted_at:.1f} s after Redis came back")
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
+
+
+def test_postgres_down_for_30_s_mid_run_loses_and_fails_nothing(
+    throwaway_postgres: ThrowawayPostgres, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a job running against a PostgreSQL of its own
+    deployment = Deployment(tmp_path / "data", database_url=throwaway_postgres.url, broker_url=redis_url)
+    deployment.run("db", "upgrade")
+    deployment.extra.update(FAST_HEALING)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", 200)
+    images = write_images(tmp_path / "in", 48)
+    before = digests(images)
+    with running_worker(deployment, concurrency=2):
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "8")["job_id"]
+        wait_until(lambda: _reached(deployment, job_id, 8), 120, "8 images done")
+        # When PostgreSQL stops for 30 s
+        throwaway_postgres.stop()
+        time.sleep(30)
+        throwaway_postgres.start()
+        back_at = time.monotonic()
+        # Then batches in flight waited and retried, and the job completes
+        finished_at = wait_until(lambda: _finished(deployment, job_id), 240, "job finished", interval=0.5)
+    print(f"\npostgres outage: job finished {finished_at - back_at:.1f} s after PostgreSQL came back")
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}, "an image was failed for the outage"
+
+
+def test_the_broker_lost_mid_enqueue_closes_the_job_with_its_reason(
+    throwaway_redis: ThrowawayRedis, tmp_path: Path
+) -> None:
+    # Given an enqueue of 4100 files (three chunks) whose broker dies once the first chunk is queued
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(4100):
+        (folder / f"{i:05d}.jpg").write_bytes(b"")
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data", broker_url=throwaway_redis.url)  # type: ignore[call-arg]
+    model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+    app = make_celery_app(settings)
+
+    def on_progress(images: int, batches: int) -> None:
+        throwaway_redis.stop()
+
+    with ledger(settings) as led:
+        # When the enqueue goes on
+        with pytest.raises(EnqueueError) as raised:
+            enqueue_folders(
+                led.sessions,
+                app,
+                roots=[folder],
+                model_path=model,
+                pool=Pool.ANY,
+                batch_size=64,
+                on_progress=on_progress,
+            )
+        with led.sessions() as session:
+            status = job_status(session, 1)
+    app.close()
+    # Then it stopped with one clear message, and the job is closed: nothing left to run later on its own
+    message = str(raised.value)
+    assert message.startswith("job 1 closed, its images failed: not queued: the broker became unreachable")
+    assert "\n" not in message
+    assert status.state == "finished" and status.pending == 0 and status.failed == status.total > 0
+    assert status.closed_reason is not None and "broker became unreachable" in status.closed_reason
