@@ -11,11 +11,11 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[worker]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[worker,dev]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Repository function for incremental scans: the earlier outcomes of files, by path, under one model."""
+"""Repository functions for what a model already did to files: earlier outcomes, latest rows per path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Image, Job
+from db.models import Detection, Image, Job
+from detq.vocabulary import ImageStatus
 
 
 @dataclass(frozen=True)
@@ -33,4 +34,41 @@ def past_outcomes(session: Session, model_id: int, paths: Sequence[str]) -> dict
     ).tuples()
     for path, size_bytes, mtime, status in rows:
         found[path].append(PastOutcome(size_bytes, mtime, status))
+    return dict(found)
+
+
+def jobs_over_roots(session: Session, model_id: int, roots: Sequence[str]) -> list[Job]:
+    """Jobs of this model over exactly these roots, newest first."""
+    wanted = list(roots)
+    jobs = session.scalars(select(Job).where(Job.model_id == model_id).order_by(Job.id.desc()))
+    return [job for job in jobs if list(job.roots) == wanted]
+
+
+def latest_images(session: Session, job_ids: Sequence[int]) -> list[Image]:
+    """Per path, its row in the newest of these jobs that holds it (a finished row before a pending one)."""
+    if not job_ids:
+        return []
+    rank = {job_id: index for index, job_id in enumerate(job_ids)}  # job_ids newest first
+    best: dict[str, Image] = {}
+    for image in session.scalars(select(Image).where(Image.job_id.in_(list(job_ids)))):
+        current = best.get(image.path)
+        key = (image.status == ImageStatus.PENDING, rank[image.job_id])
+        if current is None or key < (current.status == ImageStatus.PENDING, rank[current.job_id]):
+            best[image.path] = image
+    return sorted(best.values(), key=lambda image: image.path)
+
+
+def detections_of(
+    session: Session, image_ids: Sequence[int], chunk: int = 1000
+) -> dict[int, list[Detection]]:
+    """The detections of these images, by image id, in rank order."""
+    found: dict[int, list[Detection]] = defaultdict(list)
+    ids = list(image_ids)
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        query = (
+            select(Detection).where(Detection.image_id.in_(part)).order_by(Detection.image_id, Detection.rank)
+        )
+        for detection in session.scalars(query):
+            found[detection.image_id].append(detection)
     return dict(found)

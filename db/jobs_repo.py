@@ -24,6 +24,7 @@ class JobCounts:
     failed: int
     rejected: int
     detections: int
+    cancelled: int = 0
 
 
 def get_or_create_model(
@@ -64,6 +65,40 @@ def finish_enqueue(session: Session, job_id: int, total: int) -> None:
         update(Job).where(Job.id == job_id).values(total=total, enqueued_complete=True, enqueued_at=now)
     )
     close_job_if_complete(session, job_id, now)
+
+
+CANCELLED_REASON = "cancelled"
+
+
+def cancel_job(session: Session, job_id: int, now: datetime) -> int:
+    """Cancel a job: its pending images end cancelled (queued copies then find nothing to do), a scan in
+    progress stops adding to it, and it finishes; returns how many images were cancelled."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Image)
+            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
+            .values(status=ImageStatus.CANCELLED.value, reason=CANCELLED_REASON, finished_at=now)
+        ),
+    )
+    recorded = session.scalar(select(func.count()).select_from(Image).where(Image.job_id == job_id)) or 0
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(closed_reason=CANCELLED_REASON, enqueued_complete=True, total=recorded)
+    )
+    session.execute(update(Job).where(Job.id == job_id, Job.enqueued_at.is_(None)).values(enqueued_at=now))
+    close_job_if_complete(session, job_id, now)
+    return outcome.rowcount
+
+
+def delete_job(session: Session, job_id: int) -> bool:
+    """Delete a job with its images, batches and detections (the foreign keys cascade); False if none."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return False
+    session.delete(job)
+    return True
 
 
 def touch_enqueue(session: Session, job_id: int, now: datetime) -> bool:
@@ -131,9 +166,13 @@ def latest_job_id(session: Session) -> int | None:
     return session.scalar(select(func.max(Job.id)))
 
 
-def list_jobs(session: Session, limit: int = 20) -> list[Job]:
-    """The newest jobs first."""
-    return list(session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+def list_jobs(session: Session, limit: int = 20, *, hide_empty_runs: bool = False) -> list[Job]:
+    """The newest jobs first; hide_empty_runs leaves out scheduled runs that found nothing new."""
+    query = select(Job)
+    if hide_empty_runs:
+        empty_run = (Job.schedule_name.is_not(None)) & Job.enqueued_complete.is_(True) & (Job.total == 0)
+        query = query.where(~empty_run)
+    return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
 
 
 def job_counts(session: Session, job_id: int) -> JobCounts:
@@ -156,5 +195,22 @@ def job_counts(session: Session, job_id: int) -> JobCounts:
         done=by_status.get(ImageStatus.DONE.value, 0),
         failed=by_status.get(ImageStatus.FAILED.value, 0),
         rejected=by_status.get(ImageStatus.REJECTED.value, 0),
+        cancelled=by_status.get(ImageStatus.CANCELLED.value, 0),
         detections=detections or 0,
     )
+
+
+def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:
+    """The most common reasons the job's images failed or were rejected, with how many each."""
+    rows = session.execute(
+        select(Image.reason, func.count())
+        .where(
+            Image.job_id == job_id,
+            Image.status.in_([ImageStatus.FAILED.value, ImageStatus.REJECTED.value]),
+            Image.reason.is_not(None),
+        )
+        .group_by(Image.reason)
+        .order_by(func.count().desc(), Image.reason)
+        .limit(limit)
+    ).tuples()
+    return [(str(reason), int(count)) for reason, count in rows]

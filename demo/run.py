@@ -3,91 +3,29 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from PIL import Image, ImageDraw
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import iter_ledger
 from db.ledger import ledger
-from db.models import Detection
 from demo.metrics import PredictedBox, precision_recall
 from demo.shapes import CLASSES, GroundTruthBox, load_ground_truth, write_dataset
 from detq.celery_app import make_celery_app
 from detq.host import usable_cores
 from detq.settings import Settings
-from detq.vocabulary import ImageStatus, Pool
+from detq.vocabulary import ImageStatus, Pool, WorkerPool
+from producer.annotate import annotate
 from producer.enqueue import enqueue_folders
-from producer.export import export_coco
+from producer.export import export_coco_results
+from producer.local_workers import LocalWorkers
 from producer.progress import wait_with_progress
 from producer.status import JobStatus, job_status
 
-READY_MARK = "ready on"
-WORKER_START_TIMEOUT_S = 180.0
 ANNOTATED_IMAGES = 6
-_COLOURS = ("#ff3b30", "#34c759", "#007aff", "#ffcc00", "#af52de")
-
-
-def _start_workers(settings: Settings, processes: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env["DETQ_DATA_DIR"] = str(settings.resolved_data_dir)
-    env["DETQ_DATABASE_URL"] = settings.resolved_database_url
-    env["DETQ_BROKER_URL"] = settings.resolved_broker_url
-    env["DETQ_MODEL"] = str(settings.model)
-    log_file = log_path.open("wb")
-    command = [
-        sys.executable,
-        "-m",
-        "detq.cli",
-        "worker",
-        "--pool",
-        "cpu",
-        "--concurrency",
-        str(processes),
-    ]
-    return subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, processes: int) -> None:
-    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        if text.count(READY_MARK) >= processes:
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"workers exited with code {proc.returncode} during start-up:\n{text[-3000:]}")
-        time.sleep(0.2)
-    raise RuntimeError(f"workers not ready after {WORKER_START_TIMEOUT_S:.0f} s; see {log_path}")
-
-
-def _stop_workers(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)  # Celery's warm shutdown: finish the task in hand, then exit
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _draw(image_path: Path, detections: list[Detection], out_path: Path) -> None:
-    with Image.open(image_path) as opened:
-        canvas = opened.convert("RGB")
-    draw = ImageDraw.Draw(canvas)
-    for det in detections:
-        colour = _COLOURS[det.label_id % len(_COLOURS)]
-        draw.rectangle((det.x1, det.y1, det.x2, det.y2), outline=colour, width=3)
-        draw.text((det.x1 + 3, max(0.0, det.y1 - 12)), f"{det.label} {det.score:.2f}", fill=colour)
-    canvas.save(out_path, quality=90)
 
 
 def run_demo(settings: Settings, *, images: int, out_dir: Path, workers: int | None, seed: int) -> int:
@@ -117,9 +55,10 @@ def _run(
 ) -> int:
     log_path = out_dir / "worker.log"
     print(f"detq demo: starting {processes} CPU worker processes (log: {log_path})")
-    proc = _start_workers(settings, processes, log_path)
+    workers = LocalWorkers(settings, WorkerPool.CPU, processes, log_path)
     try:
-        _wait_ready(proc, log_path, processes)
+        workers.start()
+        workers.wait_ready()
         began = time.monotonic()
         result = enqueue_folders(
             factory,
@@ -132,15 +71,14 @@ def _run(
         print(f"detq demo: job {result.job_id}: {result.total} images in {result.batches} batches")
 
         def poll() -> JobStatus:
-            if proc.poll() is not None:
-                raise RuntimeError(f"workers exited with code {proc.returncode}; see {log_path}")
+            workers.check_alive()
             with factory() as session:
                 return job_status(session, result.job_id)
 
         final = wait_with_progress(poll, stream=sys.stdout, timeout_s=1800)
         elapsed = time.monotonic() - began
     finally:
-        _stop_workers(proc)
+        workers.stop()
     return _summarise(factory, result.job_id, final, elapsed, truth, out_dir, annotated_dir)
 
 
@@ -165,11 +103,11 @@ def _summarise(
             ]
             per_class.update(d.label for d in detections)
             if drawn < ANNOTATED_IMAGES and image.status == ImageStatus.DONE:
-                _draw(Path(image.path), detections, annotated_dir / name)
+                annotate(Path(image.path), detections, annotated_dir / name)
                 drawn += 1
         coco_path = out_dir / "detections_coco.json"
         with coco_path.open("w", encoding="utf-8") as handle:
-            export_coco(session, job_id, handle)
+            export_coco_results(session, job_id, handle)
     precision, recall, tp, fp, fn = precision_recall(truth, predictions, iou_threshold=0.5)
     finished = final.done + final.failed + final.rejected
     per_class_counts = {name: per_class.get(name, 0) for name in CLASSES}

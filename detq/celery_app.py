@@ -59,6 +59,7 @@ def make_celery_app(settings: Settings) -> Celery:
         worker_redirect_stdouts=False,
         # The embedded broker has no real fanout across hosts; remote control only makes sense on Redis.
         worker_enable_remote_control=not settings.is_embedded_broker,
-        worker_send_task_events=False,
+        # Task events feed Flower; on Redis they are pub/sub messages, dropped when nobody listens.
+        worker_send_task_events=not settings.is_embedded_broker,
     )
     return app

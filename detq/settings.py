@@ -6,6 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from platformdirs import user_data_path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -22,7 +23,10 @@ class Settings(BaseSettings):
         env_prefix="DETQ_", env_file=".env", extra="ignore", env_ignore_empty=True
     )
 
-    data_dir: Path = Field(default=Path(".detq"), description="Where the embedded database and broker live.")
+    data_dir: Path = Field(
+        default_factory=lambda: user_data_path("detq", appauthor=False),
+        description="Where the embedded database and broker live (default: the user's data folder).",
+    )
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
     broker_url: str | None = Field(
         default=None, description="Celery broker URL; default an embedded filesystem broker in data_dir."

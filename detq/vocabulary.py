@@ -41,9 +41,10 @@ class ImageStatus(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     REJECTED = "rejected"
+    CANCELLED = "cancelled"  # its job was cancelled before a worker got to it
 
 
-TERMINAL_STATUSES = (ImageStatus.DONE, ImageStatus.FAILED, ImageStatus.REJECTED)
+TERMINAL_STATUSES = (ImageStatus.DONE, ImageStatus.FAILED, ImageStatus.REJECTED, ImageStatus.CANCELLED)
 
 
 class JobState(enum.StrEnum):
@@ -53,6 +54,7 @@ class JobState(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     FINISHED = "finished"
+    CANCELLED = "cancelled"
 
 
 class ExportFormat(enum.StrEnum):
@@ -60,7 +62,8 @@ class ExportFormat(enum.StrEnum):
 
     CSV = "csv"
     JSONL = "jsonl"
-    COCO = "coco"
+    COCO = "coco"  # COCO results: a list of detections, as pycocotools' loadRes takes
+    COCO_DATASET = "coco-dataset"  # images, categories and annotations
 
 
 def choices(enum_type: type[enum.StrEnum]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Export a job's ledger as CSV (one row per detection), JSON lines (one line per image) or COCO JSON."""
+"""Export a job's ledger: CSV (a row per detection), JSON lines (a line per image), COCO."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def export_csv(session: Session, job_id: int, out: TextIO) -> int:
 
 
 def coco_document(session: Session, job_id: int) -> dict[str, Any]:
-    """COCO results: images that finished, categories by label id, annotations with bbox [x, y, w, h]."""
+    """The COCO dataset form: images that finished, categories by label id, annotations with bbox
+    [x, y, w, h] and their scores."""
     job = get_job(session, job_id)
     if job is None:
         raise JobNotFound(f"no job {job_id}")
@@ -116,17 +117,44 @@ def coco_document(session: Session, job_id: int) -> dict[str, Any]:
     }
 
 
-def export_coco(session: Session, job_id: int, out: TextIO) -> int:
-    """Write the COCO JSON document; returns the number of annotations."""
+def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
+    """Write the COCO dataset document; returns the number of annotations."""
     document = coco_document(session, job_id)
     json.dump(document, out, ensure_ascii=False)
     out.write("\n")
     return len(document["annotations"])
 
 
+def export_coco_results(session: Session, job_id: int, out: TextIO) -> int:
+    """Write COCO results, the list pycocotools' loadRes takes: image_id, category_id, bbox [x, y, w, h],
+    score per detection, streamed; returns how many."""
+    count = 0
+    out.write("[")
+    for image, detections in iter_ledger(session, job_id):
+        if image.status != ImageStatus.DONE:
+            continue
+        for det in detections:
+            w, h = det.x2 - det.x1, det.y2 - det.y1
+            entry = {
+                "image_id": image.id,
+                "category_id": det.label_id,
+                "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
+                "score": round(det.score, 6),
+            }
+            out.write(("," if count else "") + "\n" + json.dumps(entry))
+            count += 1
+    out.write("\n]\n")
+    return count
+
+
 def export_job(session: Session, job_id: int, fmt: ExportFormat, out: TextIO) -> int:
     """Write the job's results in this format; returns how many records were written."""
     if get_job(session, job_id) is None:
         raise JobNotFound(f"no job {job_id}")
-    writers = {ExportFormat.CSV: export_csv, ExportFormat.JSONL: export_jsonl, ExportFormat.COCO: export_coco}
+    writers = {
+        ExportFormat.CSV: export_csv,
+        ExportFormat.JSONL: export_jsonl,
+        ExportFormat.COCO: export_coco_results,
+        ExportFormat.COCO_DATASET: export_coco_dataset,
+    }
     return writers[ExportFormat(fmt)](session, job_id, out)

@@ -35,6 +35,7 @@ def decide(file: ScannedFile, history: Sequence[PastOutcome], max_retries: int) 
     Earlier failures of the same size and mtime are retried until the file has failed 1 + max_retries
     times; it is then skipped, and its last failed row keeps the reason.
     """
+    history = [h for h in history if h.status != ImageStatus.CANCELLED]  # never looked at: as if unseen
     if not history:
         return Decision.NEW
     same = [h for h in history if h.size_bytes == file.size_bytes and h.mtime == file.mtime]

@@ -1,20 +1,33 @@
-"""A live progress line for a running job: done, failed, rate and ETA, redrawn in place on a terminal."""
+"""Following a running job: a progress line that fits the terminal, hints, and the closing summary."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from detq.errors import DetqError
 from detq.vocabulary import JobState
 from producer.status import JobStatus
 
+# `--wait` and `detq run` exit codes beside 0 (all done), 1 (error), 2 (usage) and 3 (worker start-up).
+EXIT_FINISHED_WITH_FAILURES = 4
+EXIT_TIMED_OUT = 5
+PLAIN_LINE_EVERY_S = 5.0
+MAX_BAR = 30
+
 
 class WaitTimeout(DetqError, TimeoutError):
     """The job did not finish within the time given to --wait."""
+
+    exit_code = EXIT_TIMED_OUT
 
 
 def format_duration(seconds: float) -> str:
@@ -45,22 +58,30 @@ class RateWindow:
         return (finished - n0) / (now - t0) if now > t0 else 0.0
 
 
-def render_line(status: JobStatus, rate: float | None, width: int = 28) -> str:
-    """One progress line, e.g. [#####-----] 50/100 done 48 failed 1 rejected 1 | 12.5 img/s | ETA 4s.
+def render_line(status: JobStatus, rate: float | None, columns: int = 100) -> str:
+    """One progress line within `columns`, e.g.
+    job 7 [#####-----] 50/100 done 48 failed 1 rejected 1 | 12.5 img/s | ETA 4s
 
-    Without a rate (a one-off `detq status`), the line ends with the job's state instead.
+    The bar takes what room is left (none on a narrow terminal); the counts come in a shorter form when
+    even that does not fit. Without a rate (a one-off `detq status`), the line ends with the job's state.
     """
-    finished = status.done + status.failed + status.rejected
-    fraction = finished / status.total if status.total else 1.0
-    filled = int(round(fraction * width))
-    head = (
-        f"job {status.job_id} [{'#' * filled}{'-' * (width - filled)}] {finished}/{status.total} "
-        f"done {status.done} failed {status.failed} rejected {status.rejected} | "
-    )
+    finished = status.total - status.pending
     if rate is None:
-        return head + status.state
-    eta = format_duration(status.pending / rate) if rate > 0 and status.pending else "--"
-    return head + f"{rate:.1f} img/s | ETA {eta if status.pending else '0s'}"
+        tail = status.state.value if isinstance(status.state, JobState) else str(status.state)
+    else:
+        eta = format_duration(status.pending / rate) if rate > 0 and status.pending else "--"
+        tail = f"{rate:.1f} img/s | ETA {eta if status.pending else '0s'}"
+    counts = f"{finished}/{status.total} done {status.done} failed {status.failed} rejected {status.rejected}"
+    text = f"job {status.job_id} {counts} | {tail}"
+    room = min(MAX_BAR, columns - len(text) - 3)
+    if room >= 5:
+        fraction = finished / status.total if status.total else 1.0
+        filled = int(round(fraction * room))
+        return f"job {status.job_id} [{'#' * filled}{'-' * (room - filled)}] {counts} | {tail}"
+    if len(text) <= columns:
+        return text
+    short = f"job {status.job_id} {finished}/{status.total} f{status.failed} r{status.rejected} | {tail}"
+    return short[:columns]
 
 
 def wait_with_progress(
@@ -69,27 +90,73 @@ def wait_with_progress(
     stream: TextIO = sys.stderr,
     interval_s: float = 0.5,
     timeout_s: float | None = None,
+    hint: Callable[[], str | None] | None = None,
+    hint_every_s: float = 5.0,
 ) -> JobStatus:
-    """Poll until the job finishes, redrawing a progress line (or one line per 5 s off a terminal)."""
-    tty = stream.isatty()
+    """Poll until the job finishes: a live line on a terminal, one plain line per 5 s elsewhere.
+
+    `hint` (asked every hint_every_s) may say why nothing moves, e.g. that no worker listens; each new
+    hint is printed once, on its own line.
+    """
+    console = Console(file=stream, highlight=False)
     window = RateWindow()
     started = time.monotonic()
-    last_print = 0.0
-    while True:
-        status = poll()
-        now = time.monotonic()
-        rate = window.add(now, status.done + status.failed + status.rejected)
-        line = render_line(status, rate)
-        done = status.state == JobState.FINISHED
-        if tty:
-            stream.write("\r\x1b[2K" + line + ("\n" if done else ""))
-            stream.flush()
-        elif done or now - last_print >= 5.0:
-            stream.write(line + "\n")
-            stream.flush()
-            last_print = now
-        if done:
-            return status
-        if timeout_s is not None and now - started > timeout_s:
-            raise WaitTimeout(f"job {status.job_id} not finished after {timeout_s:.0f} s")
-        time.sleep(interval_s)
+    last_plain = last_hint_check = -1e9
+    shown_hint: str | None = None
+    live = Live(console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+
+    def say(line: str, *, progress: bool) -> None:
+        if live is not None and progress:
+            live.update(Text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+        else:
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+    with live if live is not None else nullcontext():
+        while True:
+            status = poll()
+            now = time.monotonic()
+            rate = window.add(now, status.total - status.pending)
+            done = status.state in (JobState.FINISHED, JobState.CANCELLED)
+            if hint is not None and not done and now - last_hint_check >= hint_every_s:
+                last_hint_check = now
+                message = hint()
+                if message and message != shown_hint:
+                    say(message, progress=False)
+                shown_hint = message
+            line = render_line(status, rate, columns=console.width)
+            if live is not None:
+                say(line, progress=True)
+            elif done or now - last_plain >= PLAIN_LINE_EVERY_S:
+                say(line, progress=False)
+                last_plain = now
+            if done:
+                if live is not None:
+                    live.stop()
+                    say(line, progress=False)  # the last line stays on screen
+                return status
+            if timeout_s is not None and now - started > timeout_s:
+                raise WaitTimeout(f"job {status.job_id} not finished after {timeout_s:.0f} s")
+            time.sleep(interval_s)
+
+
+def summary_lines(status: JobStatus, reasons: Sequence[tuple[str, int]], elapsed_s: float) -> list[str]:
+    """The closing summary: counts, rate, time, and the most common reasons images did not end done."""
+    finished = status.total - status.pending
+    rate = f", {finished / elapsed_s:.1f} images/s" if elapsed_s > 0 and finished else ""
+    lines = [
+        f"job {status.job_id} finished: {status.done} done, {status.failed} failed, "
+        f"{status.rejected} rejected of {status.total} in {format_duration(elapsed_s)}{rate}"
+    ]
+    if status.cancelled:
+        lines[0] = lines[0].replace(" rejected of", f" rejected, {status.cancelled} cancelled of")
+    if status.closed_reason:
+        lines.append(f"  closed early: {status.closed_reason}")
+    for reason, count in reasons:
+        lines.append(f"  {count:>6} x {reason}")
+    return lines
+
+
+def exit_code_for(status: JobStatus) -> int:
+    """0 when every image is done, EXIT_FINISHED_WITH_FAILURES when some failed or were rejected."""
+    troubled = status.failed or status.rejected or status.cancelled or status.closed_reason
+    return EXIT_FINISHED_WITH_FAILURES if troubled else 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.jobs_repo import JobCounts, get_job, job_counts
+from db.jobs_repo import CANCELLED_REASON, JobCounts, get_job, job_counts
 from db.models import Job, as_utc
 from detq.errors import DetqError
 from detq.vocabulary import JobState
@@ -37,6 +37,7 @@ class JobStatus:
     finished_at: str | None
     elapsed_s: float
     closed_reason: str | None = None  # why the job was closed early (its producer died, the broker went)
+    cancelled: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -44,11 +45,11 @@ class JobStatus:
 
 
 def job_state(job: Job, counts: JobCounts) -> JobState:
-    """enqueuing, queued (nothing finished yet), running, or finished."""
+    """enqueuing, queued (nothing finished yet), running, finished, or cancelled."""
     if not job.enqueued_complete:
         return JobState.ENQUEUING
     if counts.pending == 0:
-        return JobState.FINISHED
+        return JobState.CANCELLED if job.closed_reason == CANCELLED_REASON else JobState.FINISHED
     return JobState.RUNNING if counts.done + counts.failed + counts.rejected > 0 else JobState.QUEUED
 
 
@@ -68,6 +69,7 @@ def job_status(session: Session, job_id: int) -> JobStatus:
         done=counts.done,
         failed=counts.failed,
         rejected=counts.rejected,
+        cancelled=counts.cancelled,
         detections=counts.detections,
         pool=job.pool,
         roots=list(job.roots),

@@ -1,16 +1,22 @@
-"""docker-compose.yml parses, has the services a cluster needs, and names only commands the CLI has."""
+"""docker-compose.yml validates, starts on a fresh clone, runs as a non-root user with health checks, and
+names only commands the CLI has."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.conftest import service_missing
 from tests.detq.cli.parsing import parse_command_line
 
-COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+LONG_RUNNING = ("redis", "postgres", "worker-cpu", "worker-gpu", "scheduler", "flower")
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +35,62 @@ def test_expected_services(services: dict[str, Any]) -> None:
         "worker-gpu",
         "flower",
         "scheduler",
+        "cli",
     } <= services.keys()
+
+
+def test_docker_compose_validates_the_file() -> None:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        service_missing("docker-compose", FileNotFoundError("apt-get install docker-compose"))
+    # The default profile, and with every optional service
+    for profiles in ([], ["--profile", "gpu", "--profile", "scheduler", "--profile", "cli"]):
+        done = subprocess.run(
+            [str(binary), "-f", str(COMPOSE), *profiles, "config", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},  # no DETQ_* from the caller: the defaults must do
+        )
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_fresh_clone_needs_no_file_that_is_not_in_the_repository(services: dict[str, Any]) -> None:
+    # The default model is the bundled one (an empty DETQ_MODEL means the default)
+    assert services["worker-cpu"]["environment"]["DETQ_MODEL"] == "${DETQ_MODEL:-}"
+    # The scheduler starts only when asked for, and its default schedules file exists
+    assert services["scheduler"]["profiles"] == ["scheduler"]
+    (schedules,) = [v for v in services["scheduler"]["volumes"] if v.endswith(":/etc/detq/schedules.toml:ro")]
+    default = schedules.split(":-", 1)[1].split("}", 1)[0]
+    assert (ROOT / default).is_file()
+
+
+def test_long_running_services_have_health_checks_and_flower_stays_on_loopback(
+    services: dict[str, Any],
+) -> None:
+    for name in LONG_RUNNING:
+        assert services[name]["healthcheck"]["test"], name
+    assert services["flower"]["ports"] == ["127.0.0.1:5555:5555"]
+
+
+def test_images_run_as_a_user_and_only_the_worker_image_carries_torch(services: dict[str, Any]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    slim, worker = dockerfile.split("FROM slim AS worker")
+    assert "USER detq" in slim and worker.rstrip().endswith("USER detq")
+    assert "[worker" not in slim and "'.[worker,flower]'" in worker
+    for name, service in services.items():
+        target = service.get("build", {}).get("target") if isinstance(service.get("build"), dict) else None
+        if name.startswith("worker-"):
+            assert target == "worker", name
+        elif "build" in service:
+            assert target == "slim", name
 
 
 def test_one_scheduler_with_its_schedules_file(services: dict[str, Any]) -> None:
     scheduler = services["scheduler"]
     assert scheduler["command"] == ["detq", "scheduler"]
-    assert scheduler["deploy"]["replicas"] == 1
+    assert scheduler["deploy"]["replicas"] == 1 and scheduler["profiles"] == ["scheduler"]
     assert scheduler["environment"]["DETQ_SCHEDULES_FILE"] == "/etc/detq/schedules.toml"
     assert scheduler["environment"]["DETQ_DATABASE_URL"].startswith("postgresql://")
     assert scheduler["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

@@ -9,21 +9,21 @@ from pathlib import Path
 from typing import TextIO
 
 import click
-from sqlalchemy.orm import Session, sessionmaker
 
 from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.following import follow
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.errors import DetqError
 from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
-from producer.progress import render_line, wait_with_progress
+from producer.progress import exit_code_for, render_line
 from producer.requeue import requeue_missing
-from producer.status import JobNotFound, JobStatus, job_status
+from producer.status import JobNotFound, job_status
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 WAIT_OPTION = click.option("--wait", is_flag=True, help="Show live progress until the job finishes.")
@@ -33,14 +33,6 @@ TIMEOUT_OPTION = click.option(
     metavar="SECONDS",
     help="With --wait: give up (exit 1) after this many seconds.",
 )
-
-
-def _poller(sessions: sessionmaker[Session], job_id: int) -> Callable[[], JobStatus]:
-    def poll() -> JobStatus:
-        with sessions() as session:
-            return job_status(session, job_id)
-
-    return poll
 
 
 def _scan_progress(images: int, batches: int) -> None:
@@ -95,7 +87,8 @@ def enqueue(
 ) -> None:
     """Scan folders and queue their images as a job.
 
-    Prints the job id; --wait follows it to the end, --json prints one object.
+    Prints the job id; --wait follows it to the end (exit 0: every image done, 4: finished with failures,
+    5: timed out), --json prints one object.
     """
     settings = load_settings()
     show_scan = sys.stderr.isatty() and not as_json
@@ -130,13 +123,15 @@ def enqueue(
             click.echo(
                 f"job {result.job_id}: {result.total} images queued in {result.batches} batches ({pool})"
             )
-        if wait:
-            final = wait_with_progress(_poller(led.sessions, result.job_id), timeout_s=timeout)
-            payload.update(final.as_dict())
+        final = follow(led, settings, result.job_id, timeout_s=timeout, quiet=as_json) if wait else None
+    if final is not None:
+        payload.update(final.as_dict())
     if as_json:
         print_json(payload)
-    elif not wait:
+    elif final is None:
         click.echo(result.job_id)
+    if final is not None:
+        raise SystemExit(exit_code_for(final))
 
 
 @click.command(
@@ -150,15 +145,17 @@ def enqueue(
 def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) -> None:
     """State and counts of a job (default: the latest).
 
-    Counts: total, pending, done, failed, rejected, detections.
+    Counts: total, pending, done, failed, rejected, detections. With --wait, the exit code says how it
+    ended: 0 every image done, 4 finished with failures, 5 timed out.
     """
-    with ledger(load_settings()) as led:
+    settings = load_settings()
+    with ledger(settings) as led:
         with led.sessions() as session:
             job_id = job or latest_job_id(session)
         if job_id is None:
             raise JobNotFound("no jobs yet")
         if wait:
-            current = wait_with_progress(_poller(led.sessions, job_id), timeout_s=timeout)
+            current = follow(led, settings, job_id, timeout_s=timeout, quiet=as_json)
         else:
             with led.sessions() as session:
                 current = job_status(session, job_id)
@@ -170,17 +167,21 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         click.echo(f"detections {current.detections}, elapsed {current.elapsed_s:.1f} s, roots {roots}")
         if current.closed_reason:
             click.echo(f"closed early: {current.closed_reason}")
+    if wait:
+        raise SystemExit(exit_code_for(current))
 
 
-@click.command(cls=DetqCommand, epilog=examples("detq jobs", "detq jobs --limit 5 --json"))
+@click.command(cls=DetqCommand, epilog=examples("detq jobs", "detq jobs --limit 5 --json", "detq jobs --all"))
 @click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many jobs, newest first."
 )
+@click.option("--all", "show_all", is_flag=True, help="Also the scheduled runs that found nothing new.")
 @JSON_OPTION
-def jobs(limit: int, as_json: bool) -> None:
+def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     """Recent jobs with their state and counts."""
     with ledger(load_settings()) as led, led.sessions() as session:
-        statuses = [job_status(session, job.id) for job in list_jobs(session, limit)]
+        listed = list_jobs(session, limit, hide_empty_runs=not show_all)
+        statuses = [job_status(session, job.id) for job in listed]
     if as_json:
         print_json([s.as_dict() for s in statuses])
         return
@@ -211,6 +212,7 @@ def jobs(limit: int, as_json: bool) -> None:
         "detq export 42 --format csv -o results.csv",
         "detq export 42 --format jsonl | head",
         "detq export 42 --format coco -o detections.json",
+        "detq export 42 --format coco-dataset -o dataset.json",
     ),
 )
 @click.argument("job", type=click.IntRange(min=1))
@@ -219,7 +221,8 @@ def jobs(limit: int, as_json: bool) -> None:
     "fmt",
     type=click.Choice(choices(ExportFormat)),
     required=True,
-    help="csv: one row per detection; jsonl: one line per image; coco: COCO JSON.",
+    help="csv: a row per detection; jsonl: a line per image; coco: COCO results (a list, as "
+    "pycocotools' loadRes takes); coco-dataset: images, categories and annotations.",
 )
 @click.option(
     "-o",
@@ -228,7 +231,10 @@ def jobs(limit: int, as_json: bool) -> None:
     help="File to write, replaced only once complete (default: standard output).",
 )
 def export(job: int, fmt: str, output: Path | None) -> None:
-    """Write a job's results as CSV, JSONL or COCO."""
+    """Write a job's results as CSV, JSONL or COCO.
+
+    With -o, the file is written beside its final name and renamed over it once complete.
+    """
     export_format = ExportFormat(fmt)
     with ledger(load_settings()) as led, led.sessions() as session:
         if output is None:

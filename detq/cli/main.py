@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import click
 
 from detq import __version__
-from detq.cli import admin, demos, jobs, schedules, workers
+from detq.cli import admin, demos, fleet, jobs, lifecycle, pictures, run, schedules, workers
 from detq.cli.base import EXIT_OK, DetqGroup
 
 EXIT_INTERRUPTED = 130
@@ -28,13 +28,20 @@ def cli() -> None:
 
 
 for command in (
+    run.run,
     jobs.enqueue,
     jobs.status,
     jobs.jobs,
     jobs.export,
     jobs.requeue,
+    lifecycle.cancel,
+    lifecycle.delete,
+    pictures.render,
+    pictures.report,
     workers.worker,
     workers.model,
+    fleet.workers,
+    fleet.info,
     schedules.schedule,
     schedules.scheduler,
     schedules.runs,

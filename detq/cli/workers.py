@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import click
@@ -9,9 +10,16 @@ import click
 from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
 from detq.cli.output import print_json
 from detq.contract import INFERENCE_QUEUES
+from detq.errors import DetqError
 from detq.vocabulary import ModelFormat, WorkerPool, choices
 
 FORMAT_CHOICE = click.Choice(choices(ModelFormat))
+
+
+class TorchMissing(DetqError):
+    """This install cannot run the worker side (no torch)."""
+
+    exit_code = 3
 
 
 @click.command(
@@ -64,6 +72,7 @@ def worker(
     """
     consumed = _parse_queues(queues)
     settings = load_settings()
+    _require_torch("detq worker")
     from worker.pool import run_worker  # here, not at the top: only this command needs torch
 
     updates: dict[str, object] = {}
@@ -85,6 +94,12 @@ def worker(
         announce=lambda line: click.echo(f"detq worker: {line}", err=True),
     )
     raise SystemExit(code)
+
+
+def _require_torch(command: str) -> None:
+    """A clear error on a torch-free install (the slim image, `pip install detq` without the extra)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
+        raise TorchMissing(f"{command} needs torch and torchvision: pip install 'detq[worker]'")
 
 
 def _parse_queues(text: str | None) -> list[str] | None:
@@ -120,6 +135,7 @@ def inspect(path: Path, device: str, fmt: str | None, input_size: str | None, as
 
     Format, classes, input size, saved devices, baked device constants; then a real load and warm-up.
     """
+    _require_torch("detq model inspect")
     from worker.models.metadata import MetaOverrides, parse_input_size
     from worker.models.report import format_report, inspect_model
 
@@ -154,6 +170,7 @@ def pack(path: Path, meta: Path, output: Path, as_json: bool) -> None:
 
     The JSON file is validated, then stored in the copy as detq.json.
     """
+    _require_torch("detq model pack")
     from worker.models.report import pack_model
 
     packed = pack_model(path, meta, output)

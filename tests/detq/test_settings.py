@@ -9,11 +9,16 @@ import pytest
 from detq.settings import BUNDLED_MODEL, Settings
 
 
-def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    settings = Settings(_env_file=None)
-    assert settings.resolved_data_dir == tmp_path / ".detq"
-    assert settings.resolved_database_url == f"sqlite:///{tmp_path / '.detq' / 'detq.db'}"
+def test_defaults_are_embedded_in_the_users_data_folder_wherever_detq_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "share"))
+    for folder in (tmp_path, tmp_path / "elsewhere"):
+        folder.mkdir(exist_ok=True)
+        monkeypatch.chdir(folder)
+        settings = Settings(_env_file=None)
+        assert settings.resolved_data_dir == tmp_path / "share" / "detq"
+    assert settings.resolved_database_url == f"sqlite:///{tmp_path / 'share' / 'detq' / 'detq.db'}"
     assert settings.is_embedded_broker
     assert settings.model == BUNDLED_MODEL
     assert settings.allowed_root_paths == []

@@ -42,20 +42,23 @@ class Deployment:
         env.update(self.extra)
         return env
 
-    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run one detq command; raise with its output when it fails."""
+    def run(
+        self, *args: str, timeout: float = 300, codes: tuple[int, ...] = (0,)
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one detq command; raise with its output when it exits with a code not in `codes`."""
         done = subprocess.run(
             [*DETQ, *args], env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
         )
-        if done.returncode != 0:
+        if done.returncode not in codes:
             raise AssertionError(
                 f"detq {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
             )
         return done
 
-    def run_json(self, *args: str, timeout: float = 300) -> Any:
+    def run_json(self, *args: str, timeout: float = 300, codes: tuple[int, ...] = (0,)) -> Any:
         """Run a detq command with --json and parse its one JSON line."""
-        return json.loads(self.run(*args, "--json", timeout=timeout).stdout.strip().splitlines()[-1])
+        done = self.run(*args, "--json", timeout=timeout, codes=codes)
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass

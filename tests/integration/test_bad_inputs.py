@@ -29,7 +29,7 @@ def test_corrupt_folder_ends_in_terminal_states(deployment: Deployment, tmp_path
     before = _digests(folder)
     with running_worker(deployment, concurrency=2):
         status = deployment.run_json(
-            "enqueue", str(folder), "--batch-size", "8", "--wait", "--timeout", "120"
+            "enqueue", str(folder), "--batch-size", "8", "--wait", "--timeout", "120", codes=(4,)
         )
     assert status["state"] == "finished"
     lines = deployment.run("export", str(status["job_id"]), "--format", "jsonl").stdout.splitlines()

@@ -111,15 +111,23 @@ def test_export_formats(embedded: Deployment, tmp_path: Path) -> None:
     with running_worker(embedded, concurrency=1):
         status = embedded.run_json("enqueue", str(images), "--wait", "--timeout", "120")
     job = str(status["job_id"])
-    coco_path = tmp_path / "coco.json"
-    embedded.run("export", job, "--format", "coco", "-o", str(coco_path))
-    coco = json.loads(coco_path.read_text())
+    dataset_path, results_path = tmp_path / "dataset.json", tmp_path / "results.json"
+    embedded.run("export", job, "--format", "coco-dataset", "-o", str(dataset_path))
+    embedded.run("export", job, "--format", "coco", "-o", str(results_path))
+    coco = json.loads(dataset_path.read_text())
     assert len(coco["images"]) == 6
     assert {c["name"] for c in coco["categories"]} >= {"circle", "square", "triangle"}
     assert len(coco["annotations"]) == status["detections"]
     for ann in coco["annotations"]:
         x, y, w, h = ann["bbox"]
         assert w >= 0 and h >= 0 and 0 <= ann["score"] <= 1
+    # The results form is what pycocotools' loadRes takes, against the dataset form as ground truth
+    from pycocotools.coco import COCO
+
+    truth = COCO(str(dataset_path))
+    results = truth.loadRes(str(results_path))
+    assert len(results.getAnnIds()) == status["detections"]
+    assert sorted(results.getImgIds()) == sorted(image["id"] for image in coco["images"])
     rows = embedded.run("export", job, "--format", "csv").stdout.splitlines()
     assert rows[0].split(",")[:6] == ["job_id", "image_id", "path", "label_id", "label", "score"]
     assert len(rows) - 1 == status["detections"]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import io
 
-from producer.progress import RateWindow, format_duration, render_line, wait_with_progress
+from producer.progress import (
+    EXIT_FINISHED_WITH_FAILURES,
+    RateWindow,
+    exit_code_for,
+    format_duration,
+    render_line,
+    summary_lines,
+    wait_with_progress,
+)
 from producer.status import JobStatus
 
 
@@ -38,10 +46,13 @@ def test_rate_over_window() -> None:
     assert window.add(30.0, 50) == (50 - 20) / 28
 
 
-def test_line_has_counts_rate_and_eta() -> None:
-    line = render_line(_status(done=50, pending=50), rate=10.0, width=10)
-    assert "[#####-----] 50/100" in line
-    assert "10.0 img/s" in line and "ETA 5s" in line
+def test_line_has_counts_rate_and_eta_and_fits_the_terminal() -> None:
+    for columns in (120, 80, 60, 40):
+        line = render_line(_status(done=50, pending=50), rate=10.0, columns=columns)
+        assert len(line) <= columns, (columns, line)
+        assert "50/100" in line and "10.0 img/s" in line and "ETA 5s" in line
+    assert "[" + "#" * 15 + "-" * 15 + "] 50/100" in render_line(_status(50, 50), rate=10.0, columns=120)
+    assert "[" not in render_line(_status(50, 50), rate=10.0, columns=60)  # no room for a bar
 
 
 def test_wait_returns_the_finished_status() -> None:
@@ -50,3 +61,22 @@ def test_wait_returns_the_finished_status() -> None:
     final = wait_with_progress(lambda: next(states), stream=out, interval_s=0)
     assert final.state == "finished"
     assert "3/3" in out.getvalue()
+
+
+def test_a_hint_is_printed_once_on_its_own_line() -> None:
+    states = iter([_status(0, 3), _status(0, 3), _status(3, 0, "finished")])
+    out = io.StringIO()
+    wait_with_progress(
+        lambda: next(states), stream=out, interval_s=0, hint=lambda: "no worker is listening", hint_every_s=0
+    )
+    assert out.getvalue().count("no worker is listening") == 1
+
+
+def test_summary_names_the_top_reasons_and_the_exit_code_tells_failures() -> None:
+    clean = _status(3, 0, "finished")
+    assert exit_code_for(clean) == 0
+    failed = JobStatus(**{**clean.as_dict(), "done": 1, "failed": 2})
+    lines = summary_lines(failed, [("empty file (0 bytes)", 2)], elapsed_s=4.0)
+    assert lines[0].startswith("job 7 finished: 1 done, 2 failed, 0 rejected of 3 in 4s")
+    assert lines[1].strip() == "2 x empty file (0 bytes)"
+    assert exit_code_for(failed) == EXIT_FINISHED_WITH_FAILURES

@@ -56,7 +56,14 @@ def test_every_command_has_help_an_example_and_help_on_every_option(
 
 def test_groups_are_detq_groups_and_list_commands_by_role() -> None:
     assert all(isinstance(c, DetqGroup) for _, c in ALL_COMMANDS if isinstance(c, click.Group))
-    assert cli.list_commands(click.Context(cli))[:5] == ["enqueue", "status", "jobs", "export", "requeue"]
+    assert cli.list_commands(click.Context(cli))[:6] == [
+        "run",
+        "enqueue",
+        "status",
+        "jobs",
+        "export",
+        "requeue",
+    ]
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +142,7 @@ def test_jobs_status_and_export_on_a_real_embedded_ledger(
     assert capsys.readouterr().err.strip() == "detq status: no job 999"
 
 
-@pytest.mark.parametrize("fmt", ["csv", "jsonl", "coco"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "coco", "coco-dataset"])
 def test_export_of_an_unknown_job_fails_and_leaves_the_file_alone(
     embedded: Path, fmt: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,3 +183,55 @@ def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_lin
     assert "--address=127.0.0.1" in argv and not any("hunter2" in arg for arg in argv)
     assert env["CELERY_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
     assert env["FLOWER_BASIC_AUTH"] == "ops:secret"
+
+
+def test_cancel_ends_pending_images_and_delete_removes_the_job(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a queued job of two images (no worker)
+    images = embedded / "images"
+    images.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(images / name, (16, 16))
+    assert main(["enqueue", str(images)]) == 0
+    capsys.readouterr()
+    # When it is cancelled, Then its images end cancelled and the job says so; --wait ends at once, code 4
+    assert main(["cancel", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"job_id": 1, "cancelled": 2}
+    assert main(["status", "1", "--json", "--wait"]) == 4
+    status = json.loads(capsys.readouterr().out)
+    assert (status["state"], status["pending"], status["cancelled"]) == ("cancelled", 0, 2)
+    # And delete asks for --yes off a terminal, then removes it
+    assert main(["delete", "1"]) == 1
+    assert "without --yes" in capsys.readouterr().err
+    assert main(["delete", "1", "--yes"]) == 0
+    capsys.readouterr()
+    assert main(["jobs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime
+
+    from db.jobs_repo import finish_enqueue, get_or_create_model
+    from db.ledger import ledger
+    from db.schedules_repo import RunKey, claim_run
+
+    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+        model = get_or_create_model(s, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
+        run = claim_run(
+            s,
+            RunKey("nightly", datetime(2026, 11, 30, 2, tzinfo=UTC)),
+            model_id=model.id,
+            roots=["/d"],
+            pool="any",
+            batch_size=16,
+        )
+        assert run is not None
+        finish_enqueue(s, run, 0)
+    assert main(["jobs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["jobs", "--all", "--json"]) == 0
+    assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [run]

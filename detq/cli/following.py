@@ -1,0 +1,50 @@
+"""Following a job from the command line: live progress, a hint when no worker listens, the summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from db.jobs_repo import top_reasons
+from db.ledger import Ledger
+from db.models import utcnow
+from detq.settings import Settings
+from detq.vocabulary import Pool
+from producer.fleet import fleet, listening_pools
+from producer.progress import summary_lines, wait_with_progress
+from producer.status import JobStatus, job_status
+
+
+def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[], str | None]:
+    """A hint for a job nobody can take: no live worker node consumes its queue."""
+
+    def hint() -> str | None:
+        with ledger.sessions() as session:
+            listening = listening_pools(fleet(session, utcnow(), timeout_s=settings.worker_timeout))
+        if listening if pool == Pool.ANY else pool in listening:
+            return None
+        start = "cpu" if pool in (Pool.ANY, Pool.CPU) else "gpu"
+        return f"no worker is listening on queue {pool}: start one with `detq worker --pool {start}`"
+
+    return hint
+
+
+def follow(
+    ledger: Ledger, settings: Settings, job_id: int, *, timeout_s: float | None, quiet: bool
+) -> JobStatus:
+    """Wait for the job with live progress (on standard error); print the summary unless quiet."""
+
+    def poll() -> JobStatus:
+        with ledger.sessions() as session:
+            return job_status(session, job_id)
+
+    with ledger.sessions() as session:
+        pool = job_status(session, job_id).pool
+    final = wait_with_progress(poll, timeout_s=timeout_s, hint=no_worker_hint(ledger, settings, pool))
+    if not quiet:
+        with ledger.sessions() as session:
+            reasons = top_reasons(session, job_id)
+        for line in summary_lines(final, reasons, final.elapsed_s):
+            click.echo(line, err=True)
+    return final

@@ -1,0 +1,85 @@
+"""Pictures of a job: annotated copies of its images (`detq render`), an HTML report (`detq report`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from db.images_repo import iter_ledger
+from db.jobs_repo import get_job
+from db.ledger import ledger
+from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.output import print_json
+from detq.errors import DetqError
+from detq.vocabulary import ImageStatus
+from producer.annotate import annotate
+from producer.report import render_report
+from producer.status import JobNotFound
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples("detq render 42 --out annotated", "detq render 42 --out annotated --limit 100 --json"),
+)
+@click.argument("job", type=click.IntRange(min=1))
+@click.option(
+    "--out", type=click.Path(path_type=Path, file_okay=False), required=True, help="Folder to write."
+)
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many images (default: all done).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
+    """Draw a job's detections on copies of its images.
+
+    Boxes with label and score, one colour per class, on JPEG copies named after the images; images
+    are read only. Images moved away since the job ran are skipped.
+    """
+    written = skipped = 0
+    with ledger(load_settings()) as led, led.sessions() as session:
+        if get_job(session, job) is None:
+            raise JobNotFound(f"no job {job}")
+        for image, detections in iter_ledger(session, job):
+            if limit is not None and written >= limit:
+                break
+            if image.status != ImageStatus.DONE:
+                continue
+            name = f"{image.id}_{Path(image.path).stem}.jpg"
+            try:
+                annotate(Path(image.path), detections, out / name)
+                written += 1
+            except OSError:
+                skipped += 1
+    if as_json:
+        print_json({"job_id": job, "out": str(out), "written": written, "skipped": skipped})
+    else:
+        click.echo(
+            f"wrote {written} annotated images to {out}" + (f" ({skipped} missing)" if skipped else "")
+        )
+
+
+@click.command(cls=DetqCommand, epilog=examples("detq report 42 -o report.html"))
+@click.argument("job", type=click.IntRange(min=1))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="HTML file to write.",
+)
+def report(job: int, output: Path) -> None:
+    """Write a self-contained HTML report of a job.
+
+    Thumbnails with boxes, boxes per class, a score histogram, throughput over time per worker and
+    device, and the failures with their reasons; one file, nothing fetched when it opens.
+    """
+    if not output.parent.is_dir():
+        raise DetqError(f"cannot write {output}: folder {output.parent} does not exist")
+    with ledger(load_settings()) as led, led.sessions() as session:
+        if get_job(session, job) is None:
+            raise JobNotFound(f"no job {job}")
+        page = render_report(session, job)
+    partial = output.with_name(f".{output.name}.partial")
+    partial.write_text(page, encoding="utf-8")
+    os.replace(partial, output)
+    click.echo(f"wrote {output} ({len(page) / 1e6:.1f} MB)")

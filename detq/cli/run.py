@@ -1,0 +1,185 @@
+"""`detq run`: process folders on this machine in one command, results in a folder; resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from db.history_repo import jobs_over_roots
+from db.jobs_repo import get_or_create_model
+from db.ledger import Ledger, ledger
+from db.models import ModelRecord
+from detq.celery_app import make_celery_app
+from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.following import follow
+from detq.cli.output import print_json
+from detq.host import usable_cores
+from detq.modelfile import file_sha256, read_embedded_meta
+from detq.settings import Settings
+from detq.vocabulary import Pool, WorkerPool
+from dispatch.reconcile import reconcile
+from producer.enqueue import check_model_file, check_roots, enqueue_folders
+from producer.local_workers import LocalWorkers
+from producer.progress import EXIT_FINISHED_WITH_FAILURES, EXIT_TIMED_OUT, WaitTimeout, exit_code_for
+from producer.results import write_results
+from producer.status import JobStatus
+
+EXIT_INTERRUPTED = 130
+
+
+@click.command(
+    cls=DetqCommand,
+    epilog=examples(
+        "detq run ~/photos/2026-11-30",
+        "detq run /data/cam1 /data/cam2 --model detector.pt --out results --save-images",
+        "DETQ_BROKER_URL=redis://queue:6379/0 detq run /mnt/images --pool gpu   # on a fleet",
+    ),
+)
+@click.argument("folders", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="DIR...")
+@click.option(
+    "--model", type=click.Path(path_type=Path, dir_okay=False), help="Model file (default: DETQ_MODEL)."
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("detq-results"),
+    show_default=True,
+    help="Folder for detections.jsonl, coco_results.json, coco_dataset.json (and images/).",
+)
+@click.option("--save-images", is_flag=True, help="Also write annotated copies of the images to OUT/images.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), help="Local worker processes (default: cores, or GPUs)."
+)
+@click.option(
+    "--pool",
+    type=click.Choice([WorkerPool.CPU.value, WorkerPool.GPU.value]),
+    default=WorkerPool.CPU.value,
+    show_default=True,
+    help="Which pool runs the images, and which local workers start.",
+)
+@click.option(
+    "--local-workers/--no-local-workers",
+    default=None,
+    help="Start workers here (default: yes on the embedded default, no when DETQ_BROKER_URL names a fleet).",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Give up after this."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of text.")
+def run(
+    folders: tuple[Path, ...],
+    model: Path | None,
+    out: Path,
+    save_images: bool,
+    workers: int | None,
+    pool: str,
+    local_workers: bool | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run the model over folders here and write the results to a folder.
+
+    Starts the workers it needs, queues what is not done yet, shows progress, and writes one line per
+    image, COCO results and, with --save-images, annotated copies. Ctrl-C stops the workers cleanly;
+    the same command again resumes. Exit 0: every image done, 4: finished with failures, 5: timed out.
+    """
+    settings = load_settings()
+    settings = settings.model_copy(update={"model": check_model_file(model or settings.model)})
+    roots = check_roots(folders, settings.allowed_root_paths)
+    worker_pool = WorkerPool(pool)
+    start_here = settings.is_embedded_broker if local_workers is None else local_workers
+    processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)
+    helpers = LocalWorkers(settings, worker_pool, processes, out / "worker.log") if start_here else None
+    code = 0
+    with ledger(settings) as led:
+        model_id = _model_id(led, settings.model)
+        try:
+            if helpers is not None:
+                if not as_json:
+                    click.echo(
+                        f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
+                    )
+                helpers.start()
+                helpers.wait_ready()
+            code = _exit_code(_process(led, settings, model_id, roots, Pool(pool), timeout, as_json))
+        except WaitTimeout as exc:
+            click.echo(f"detq run: {exc}; results so far are written", err=True)
+            code = EXIT_TIMED_OUT
+        except KeyboardInterrupt:
+            click.echo("\nstopped; the same command resumes where this one stopped", err=True)
+            code = EXIT_INTERRUPTED
+        finally:
+            if helpers is not None:
+                helpers.stop()
+        with led.sessions() as session:
+            record = session.get_one(ModelRecord, model_id)
+            written = write_results(session, record, [str(r) for r in roots], out, save_images=save_images)
+    if as_json:
+        print_json(
+            {
+                "out": str(out),
+                "images": written.images,
+                "detections": written.detections,
+                "annotated": written.annotated,
+                "exit_code": code,
+            }
+        )
+    else:
+        click.echo(
+            f"{written.images} images, {written.detections} detections: {out}/ ({', '.join(written.files)})"
+        )
+    raise SystemExit(code)
+
+
+def _model_id(led: Ledger, model: Path) -> int:
+    with led.sessions() as session, session.begin():
+        record = get_or_create_model(
+            session,
+            sha256=file_sha256(model),
+            path=str(model),
+            size_bytes=model.stat().st_size,
+            meta=read_embedded_meta(model),
+        )
+        return record.id
+
+
+def _process(
+    led: Ledger,
+    settings: Settings,
+    model_id: int,
+    roots: list[Path],
+    pool: Pool,
+    timeout: float | None,
+    quiet: bool,
+) -> list[JobStatus]:
+    """Finish earlier runs over these folders left unfinished, then queue and follow what is new."""
+    app = make_celery_app(settings)
+    try:
+        with led.sessions() as session:
+            earlier = jobs_over_roots(session, model_id, [str(r) for r in roots])
+            unfinished = [job.id for job in earlier if job.finished_at is None]
+        for job_id in unfinished:
+            reconcile(led, app, settings, job_id=job_id, grace_s=0)  # send again what a stop left unsent
+        if unfinished and not quiet:
+            click.echo(f"resuming job {', '.join(map(str, unfinished))}", err=True)
+        new = enqueue_folders(
+            led.sessions,
+            app,
+            roots=roots,
+            model_path=settings.model,
+            pool=pool,
+            batch_size=settings.batch_size,
+            allowed_roots=settings.allowed_root_paths,
+            only_new=True,
+            max_retries=settings.max_retries,
+            heartbeat_s=settings.heartbeat_interval_s,
+        )
+        job_ids = [*unfinished, new.job_id]
+        return [follow(led, settings, job_id, timeout_s=timeout, quiet=quiet) for job_id in job_ids]
+    finally:
+        app.close()
+
+
+def _exit_code(finals: list[JobStatus]) -> int:
+    return EXIT_FINISHED_WITH_FAILURES if any(exit_code_for(f) for f in finals) else 0

@@ -1,0 +1,57 @@
+"""Draw a job's detections on copies of its images: boxes, label and score, a colour per class."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageOps
+
+from db.models import Detection
+
+# Distinct, readable on photos; a class keeps its colour across images and jobs.
+PALETTE = (
+    "#ff3b30",
+    "#34c759",
+    "#007aff",
+    "#ffcc00",
+    "#af52de",
+    "#ff9500",
+    "#5ac8fa",
+    "#ff2d55",
+    "#a2845e",
+    "#00c7be",
+)
+
+
+def colour_for(label_id: int) -> str:
+    """The colour of a class."""
+    return PALETTE[label_id % len(PALETTE)]
+
+
+def annotate(image_path: Path, detections: Sequence[Detection], out_path: Path, max_side: int = 1600) -> None:
+    """Write a JPEG copy of the image (EXIF-upright, at most max_side) with its detections drawn."""
+    canvas = annotated(image_path, detections, max_side)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(out_path, "JPEG", quality=88)
+
+
+def annotated(image_path: Path, detections: Sequence[Detection], max_side: int) -> Image.Image:
+    """The image, EXIF-upright and at most max_side, with its detections drawn."""
+    with Image.open(image_path) as opened:
+        canvas = (ImageOps.exif_transpose(opened) or opened).convert("RGB")
+    scale = min(1.0, max_side / max(canvas.size))
+    if scale < 1.0:
+        canvas = canvas.resize((max(1, round(canvas.width * scale)), max(1, round(canvas.height * scale))))
+    draw = ImageDraw.Draw(canvas)
+    width = max(2, round(max(canvas.size) / 400))
+    for det in detections:
+        box = (det.x1 * scale, det.y1 * scale, det.x2 * scale, det.y2 * scale)
+        colour = colour_for(det.label_id)
+        draw.rectangle(box, outline=colour, width=width)
+        label = f"{det.label} {det.score:.2f}"
+        left, top = box[0], max(0.0, box[1] - 12)
+        text_box = draw.textbbox((left, top), label)
+        draw.rectangle(text_box, fill=colour)
+        draw.text((left, top), label, fill="#000000")
+    return canvas

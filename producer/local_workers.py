@@ -1,0 +1,94 @@
+"""Workers started on this machine for one command (`detq run`, `detq demo`): start, wait ready, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from detq.errors import DetqError
+from detq.settings import Settings
+from detq.vocabulary import WorkerPool
+
+READY_MARK = "ready on"
+START_TIMEOUT_S = 180.0
+
+
+class LocalWorkersFailed(DetqError):
+    """The workers started here exited or never became ready."""
+
+
+class LocalWorkers:
+    """`with LocalWorkers(settings, pool, processes, log_path):` a `detq worker` child process, ready on
+    entry, warm-stopped (SIGTERM: the batch in hand finishes) on exit."""
+
+    def __init__(self, settings: Settings, pool: WorkerPool, processes: int | None, log_path: Path) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.processes = processes
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LocalWorkers:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start `detq worker` with these settings, its output in log_path."""
+        env = dict(os.environ)
+        env.update(
+            DETQ_DATA_DIR=str(self.settings.resolved_data_dir),
+            DETQ_DATABASE_URL=self.settings.resolved_database_url,
+            DETQ_BROKER_URL=self.settings.resolved_broker_url,
+            DETQ_MODEL=str(self.settings.model),
+        )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "detq.cli", "worker", "--pool", self.pool.value]
+        if self.processes is not None:  # else the worker's own default: cores, or one per GPU
+            command += ["--concurrency", str(self.processes)]
+        with self.log_path.open("wb") as log_file:
+            # A session of its own: Ctrl-C in the terminal reaches this process, which stops them warmly.
+            self.proc = subprocess.Popen(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def wait_ready(self) -> None:
+        """Return once every pool process has loaded the model; LocalWorkersFailed otherwise."""
+        assert self.proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace")
+            if text.count(READY_MARK) >= (self.processes or 1):
+                return
+            if self.proc.poll() is not None:
+                tail = "\n".join(text.strip().splitlines()[-5:])
+                raise LocalWorkersFailed(f"workers exited with code {self.proc.returncode}:\n{tail}")
+            time.sleep(0.2)
+        raise LocalWorkersFailed(f"workers not ready after {START_TIMEOUT_S:.0f} s; see {self.log_path}")
+
+    def check_alive(self) -> None:
+        """LocalWorkersFailed if the workers exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise LocalWorkersFailed(f"workers exited with code {self.proc.returncode}; see {self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM (Celery's warm shutdown), SIGKILL to the whole group if they hang."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,0 +1,64 @@
+"""`detq run`: one command on one machine, results in a folder; Ctrl-C stops cleanly and a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.faults import digests, save_slow_model, wait_until, write_images
+from tests.integration.harness import DETQ, Deployment
+
+pytestmark = pytest.mark.integration
+
+
+def _done_lines(out: Path) -> list[dict[str, object]]:
+    path = out / "detections.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _done_in_ledger(deployment: Deployment) -> int:
+    jobs = deployment.run_json("jobs")
+    return sum(int(job["done"]) for job in jobs)
+
+
+def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_path: Path) -> None:
+    # Given a folder of 64 images and a model of about 0.25 s an image, in batches of 8
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 1000)
+    embedded.extra["DETQ_BATCH_SIZE"] = "8"
+    images = write_images(tmp_path / "in", 64)
+    before = digests(images)
+    out = tmp_path / "results"
+    command = [*DETQ, "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--save-images"]
+    # When `detq run` is interrupted with Ctrl-C part-way
+    first = subprocess.Popen(
+        command, env=embedded.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_until(lambda: _done_in_ledger(embedded) >= 8, 180, "8 images done")
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    # Then it stopped cleanly, said how to resume, and wrote what was done so far
+    assert first.returncode == 130, err
+    assert "the same command resumes" in err
+    partial = _done_lines(out)
+    assert 8 <= sum(row["status"] == "done" for row in partial) < 64
+    # When the same command runs again
+    started = time.monotonic()
+    second = subprocess.run(
+        command + ["--json"], env=embedded.env(), capture_output=True, text=True, timeout=300
+    )
+    # Then it finished the rest without redoing anything, and the folder holds every image's result
+    assert second.returncode == 0, second.stderr
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert (summary["images"], summary["detections"], summary["annotated"]) == (64, 64, 64)
+    rows = _done_lines(out)
+    assert sorted(row["path"] for row in rows) == sorted(str(p) for p in images)
+    assert all(row["status"] == "done" and row["attempts"] == 1 for row in rows)
+    assert len(json.loads((out / "coco_results.json").read_text())) == 64
+    assert len(list((out / "images").glob("*.jpg"))) == 64
+    assert digests(images) == before
+    print(f"\nresumed run finished in {time.monotonic() - started:.1f} s")
