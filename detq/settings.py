@@ -37,6 +37,12 @@ class Settings(BaseSettings):
         pattern=r"^[0-9a-f]{64}$",
         description="Pin: workers refuse a model file (theirs, or a job's) whose sha256 is not this.",
     )
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, description="Serve Prometheus metrics of each worker on this port."
+    )
+    metrics_address: str = Field(
+        default="127.0.0.1", description="Address the metrics endpoint listens on (0.0.0.0 for a scraper)."
+    )
     flower_basic_auth: str | None = Field(
         default=None, description="user:password (comma-separated pairs) that `detq flower` requires."
     )

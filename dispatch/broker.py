@@ -111,3 +111,23 @@ def restore_unacked(app: Celery, tags: list[str]) -> int:
         for tag in tags:
             channel.qos.restore_by_tag(tag, client=channel.client, leftmost=True)
     return len(tags)
+
+
+def queue_depths(app: Celery, settings: Settings) -> dict[str, int]:
+    """Messages waiting in each inference queue; empty when the transport cannot count them."""
+    if settings.is_embedded_broker:
+        depths = dict.fromkeys(INFERENCE_QUEUES, 0)
+        folder = settings.broker_dir / "queue"
+        for path in folder.iterdir() if folder.is_dir() else []:
+            for queue in INFERENCE_QUEUES:
+                if path.name.endswith(f".{queue}.msg"):
+                    depths[queue] += 1
+        return depths
+    if not settings.resolved_broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+        return {}
+    with app.connection_for_read() as connection:
+        channel: Any = connection.default_channel
+        return {
+            queue: sum(int(channel.client.llen(channel._q_for_pri(queue, p))) for p in channel.priority_steps)
+            for queue in INFERENCE_QUEUES
+        }

@@ -8,6 +8,7 @@ DETQ_MAX_ATTEMPTS such starts it ends failed with that reason instead of looping
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -25,6 +26,7 @@ from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from worker.detect import detect_images
 from worker.heartbeat import still_running
+from worker.metrics import reason_kind
 from worker.models.loading import ModelLoadError
 from worker.runtime import WorkerRuntime
 
@@ -202,11 +204,14 @@ def run_batch(runtime: WorkerRuntime, message: BatchMessage, batch_id: int | Non
     images pending, for a later delivery.
     """
     job, ids = message.job_id, message.image_ids
+    started = time.perf_counter()
     try:
         report = process_batch(runtime, job, ids, batch_id)
     except SoftTimeLimitExceeded:
         failed = fail_pending(runtime, job, ids, SOFT_LIMIT_REASON)
         log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)
+        if runtime.metrics is not None:
+            runtime.metrics.images.labels(status="failed", reason=reason_kind(SOFT_LIMIT_REASON)).inc(failed)
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
     except JobMissing as exc:
         log.error("job %d: batch of %d refused: %s", job, len(ids), exc)
@@ -220,6 +225,8 @@ def run_batch(runtime: WorkerRuntime, message: BatchMessage, batch_id: int | Non
         log.exception("job %d: batch of %d failed", job, len(ids))
         failed = fail_pending(runtime, job, ids, f"batch error: {type(exc).__name__}: {exc}")
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
+    if runtime.metrics is not None:
+        runtime.metrics.record(report.results, time.perf_counter() - started)
     log.info(
         "job %d: batch of %d: %d done, %d failed, %d rejected, %d already finished or taken",
         job,

@@ -20,6 +20,7 @@ from detq.settings import Settings
 from detq.vocabulary import WorkerPool
 from worker.devices import device_for_process
 from worker.heartbeat import Heartbeat, host_key
+from worker.metrics import ProcessMetrics
 from worker.tasks import BatchTask
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class PoolBootstrap:
                 state=runtime.stats.beat,
             )
             runtime.worker_id = runtime.heartbeat.start()
+            if self.settings.metrics_port is not None:
+                runtime.metrics = ProcessMetrics()
+                runtime.metrics.model_load.observe((model.load_ms + model.warmup_ms) / 1000)
             self.task.runtime = runtime
             log.info(
                 "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads",

@@ -32,6 +32,7 @@ from worker.devices import (
     threads_per_process,
 )
 from worker.heartbeat import Heartbeat, host_key
+from worker.metrics import MetricsServer
 from worker.tasks import register_tasks
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ def run_worker(
         state=lambda: Beat(held=held_task_ids()),
     )
     reconciler = ReconcilerLoop(settings)
+    # Before the pool forks: its processes must inherit where to write their numbers.
+    metrics = MetricsServer(settings, app) if settings.metrics_port is not None else None
     try:
         node_beat.start()
         reconciler.start()
@@ -114,6 +117,8 @@ def run_worker(
         reconciler.stop()
         node_beat.stop()
         node_ledger.close()
+        if metrics is not None:
+            metrics.close()
     if bootstrap.startup_failed:
         raise WorkerStartupError("a pool process failed to start (see the log above); stopped")
     return exit_code

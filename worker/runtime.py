@@ -13,6 +13,7 @@ from pathlib import Path
 from db.ledger import Ledger
 from detq.settings import Settings
 from worker.heartbeat import Heartbeat, ProcessStats
+from worker.metrics import ProcessMetrics
 from worker.models.loading import LoadedModel, ModelLoadError, load_model_for_device
 from worker.models.metadata import MetaOverrides, parse_input_size
 
@@ -36,6 +37,7 @@ class WorkerRuntime:
     worker_id: int = 0  # this process's row in the workers table (0: none, as in unit tests)
     stats: ProcessStats = field(default_factory=ProcessStats)
     heartbeat: Heartbeat | None = None
+    metrics: ProcessMetrics | None = None  # with DETQ_METRICS_PORT
 
     # DETQ_ALLOWED_ROOTS resolved once, at start: one replaced by a symlink later does not move.
     allowed_roots: list[Path] = field(default_factory=list)

@@ -96,3 +96,32 @@ def test_the_report_renders_in_headless_chromium(ledger: Ledger, tmp_path: Path)
     with Image.open(shot) as picture:
         colours = picture.convert("RGB").getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200, "the page is blank or has no pictures"
+
+
+def test_render_draws_each_done_image_and_report_writes_one_file(
+    ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from detq.cli.main import main
+    from detq.settings import get_settings
+
+    # Given a job of five done images and one failed, in the ledger `detq` reads
+    job_id = _job(ledger, tmp_path / "images")
+    monkeypatch.setenv("DETQ_DATA_DIR", str(tmp_path / "data"))
+    get_settings.cache_clear()
+    try:
+        # When its images are rendered and its report written
+        assert main(["render", str(job_id), "--out", str(tmp_path / "drawn"), "--json"]) == 0
+        rendered = capsys.readouterr().out
+        assert main(["report", str(job_id), "-o", str(tmp_path / "report.html")]) == 0
+        assert main(["report", "99", "-o", str(tmp_path / "other.html")]) == 1
+    finally:
+        get_settings.cache_clear()
+    # Then each done image has an annotated copy with its boxes drawn in the class colours
+    assert '"written": 5' in rendered
+    drawn = sorted((tmp_path / "drawn").glob("*.jpg"))
+    assert len(drawn) == 5
+    with Image.open(drawn[0]) as picture:
+        red = picture.convert("RGB").getpixel((10, 40))  # on the left edge of the cat's box
+    assert red[0] > red[1] + 60 and red[0] > red[2] + 60  # the first palette colour, #ff3b30, after JPEG
+    assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+    assert not (tmp_path / "other.html").exists()
