@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -46,14 +46,7 @@ class Beat:
 def register_worker(session: Session, identity: WorkerIdentity, now: datetime) -> int:
     """A new worker row, alive now; returns its id."""
     record = WorkerRecord(
-        role=identity.role,
-        node=identity.node,
-        host=identity.host,
-        host_key=identity.host_key,
-        pid=identity.pid,
-        pool=identity.pool,
-        device=identity.device,
-        model_sha256=identity.model_sha256,
+        **asdict(identity),
         started_at=now,
         last_seen_at=now,
         held=[],

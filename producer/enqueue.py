@@ -97,12 +97,13 @@ def enqueue_folders(
     max_retries: int = DEFAULT_MAX_RETRIES,
     run_key: RunKey | None = None,
     heartbeat_s: float = 5.0,
+    model_sha256: str | None = None,
 ) -> EnqueueResult:
     """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
 
     only_new queues only files new or changed since this model last processed them, and earlier failures
     up to max_retries (producer/incremental.py). run_key makes the job a scheduled run, created only if no
-    job has that key yet (else RunAlreadyClaimed).
+    job has that key yet (else RunAlreadyClaimed). model_sha256 spares hashing a model the caller hashed.
     """
     queue = queue_for_pool(pool)
     try:
@@ -115,7 +116,7 @@ def enqueue_folders(
         check_broker(app)
     except BROKER_ERRORS as exc:
         raise EnqueueError(f"cannot reach the broker: {_one_line(exc)}; nothing was queued") from None
-    sha256 = file_sha256(model_file)
+    sha256 = model_sha256 or file_sha256(model_file)
     meta = read_embedded_meta(model_file)
     job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
 from db.images_repo import iter_ledger, label_names
 from db.jobs_repo import get_job
-from db.models import Detection, Image
+from db.models import Detection, Image, ModelRecord
 from detq.vocabulary import ExportFormat, ImageStatus
 from producer.status import JobNotFound
 
@@ -79,42 +80,55 @@ def export_csv(session: Session, job_id: int, out: TextIO) -> int:
     return rows
 
 
+def coco_result(image_id: int, det: Detection) -> dict[str, Any]:
+    """One detection as a COCO result: image_id, category_id, bbox [x, y, w, h], score."""
+    w, h = det.x2 - det.x1, det.y2 - det.y1
+    return {
+        "image_id": image_id,
+        "category_id": det.label_id,
+        "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
+        "score": round(det.score, 6),
+    }
+
+
+def class_names(session: Session, model: ModelRecord, job_ids: Sequence[int]) -> dict[int, str]:
+    """Label id -> name: the model's classes, then the labels the jobs' detections carry."""
+    names: dict[int, str] = {}
+    classes = model.meta.get("classes") if isinstance(model.meta, dict) else None
+    if isinstance(classes, list):
+        names.update({i: str(name) for i, name in enumerate(classes)})
+    for job_id in job_ids:
+        names.update(label_names(session, job_id))
+    return names
+
+
+def coco_dataset(
+    done: Sequence[tuple[Image, Sequence[Detection]]], names: dict[int, str], info: dict[str, Any]
+) -> dict[str, Any]:
+    """The COCO dataset form of finished images: images, categories, annotations with their scores."""
+    annotations: list[dict[str, Any]] = []
+    for image, dets in done:
+        for det in dets:
+            entry = coco_result(image.id, det)
+            _, _, w, h = entry["bbox"]
+            annotations.append({**entry, "id": len(annotations) + 1, "area": round(w * h, 2), "iscrowd": 0})
+    return {
+        "info": info,
+        "images": [{"id": i.id, "file_name": i.path, "width": i.width, "height": i.height} for i, _ in done],
+        "categories": [{"id": i, "name": n} for i, n in sorted(names.items())],
+        "annotations": annotations,
+    }
+
+
 def coco_document(session: Session, job_id: int) -> dict[str, Any]:
-    """The COCO dataset form: images that finished, categories by label id, annotations with bbox
+    """A job's COCO dataset form: images that finished, categories by label id, annotations with bbox
     [x, y, w, h] and their scores."""
     job = get_job(session, job_id)
     if job is None:
         raise JobNotFound(f"no job {job_id}")
-    names: dict[int, str] = {}
-    classes = job.model.meta.get("classes") if isinstance(job.model.meta, dict) else None
-    if isinstance(classes, list):
-        names.update({i: str(name) for i, name in enumerate(classes)})
-    names.update(label_names(session, job_id))
-    images: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    for image, detections in iter_ledger(session, job_id):
-        if image.status != ImageStatus.DONE:
-            continue
-        images.append({"id": image.id, "file_name": image.path, "width": image.width, "height": image.height})
-        for det in detections:
-            w, h = det.x2 - det.x1, det.y2 - det.y1
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": image.id,
-                    "category_id": det.label_id,
-                    "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
-                    "area": round(w * h, 2),
-                    "score": round(det.score, 6),
-                    "iscrowd": 0,
-                }
-            )
-    return {
-        "info": {"description": f"detq job {job_id}", "model_sha256": job.model.sha256},
-        "images": images,
-        "categories": [{"id": i, "name": n} for i, n in sorted(names.items())],
-        "annotations": annotations,
-    }
+    done = [(image, dets) for image, dets in iter_ledger(session, job_id) if image.status == ImageStatus.DONE]
+    info = {"description": f"detq job {job_id}", "model_sha256": job.model.sha256}
+    return coco_dataset(done, class_names(session, job.model, [job_id]), info)
 
 
 def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
@@ -134,14 +148,7 @@ def export_coco_results(session: Session, job_id: int, out: TextIO) -> int:
         if image.status != ImageStatus.DONE:
             continue
         for det in detections:
-            w, h = det.x2 - det.x1, det.y2 - det.y1
-            entry = {
-                "image_id": image.id,
-                "category_id": det.label_id,
-                "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
-                "score": round(det.score, 6),
-            }
-            out.write(("," if count else "") + "\n" + json.dumps(entry))
+            out.write(("," if count else "") + "\n" + json.dumps(coco_result(image.id, det)))
             count += 1
     out.write("\n]\n")
     return count

@@ -67,7 +67,7 @@ def render_line(status: JobStatus, rate: float | None, columns: int = 100) -> st
     """
     finished = status.total - status.pending
     if rate is None:
-        tail = status.state.value if isinstance(status.state, JobState) else str(status.state)
+        tail = str(status.state)
     else:
         eta = format_duration(status.pending / rate) if rate > 0 and status.pending else "--"
         tail = f"{rate:.1f} img/s | ETA {eta if status.pending else '0s'}"

@@ -7,16 +7,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
 from db.history_repo import detections_of, jobs_over_roots, latest_images
-from db.images_repo import label_names
-from db.models import Image, ModelRecord
+from db.models import Detection, Image, ModelRecord
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
-from producer.export import image_record
+from producer.export import class_names, coco_dataset, coco_result, image_record
+from producer.files import write_atomically
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,6 @@ class WrittenResults:
     files: list[str]
 
 
-def _atomic_json_lines(path: Path, lines: Sequence[str]) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(partial, path)
-
-
-def _atomic_json(path: Path, document: Any) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(document, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-
-
 def write_results(
     session: Session, model: ModelRecord, roots: Sequence[str], out_dir: Path, *, save_images: bool
 ) -> WrittenResults:
@@ -49,52 +37,31 @@ def write_results(
     images = latest_images(session, [job.id for job in jobs])
     boxes = detections_of(session, [image.id for image in images])
     out_dir.mkdir(parents=True, exist_ok=True)
-    records = [
-        json.dumps(image_record(image, boxes.get(image.id, [])), ensure_ascii=False) for image in images
-    ]
-    _atomic_json_lines(out_dir / "detections.jsonl", records)
-    names = _class_names(session, model, [job.id for job in jobs])
-    done = [image for image in images if image.status == ImageStatus.DONE]
-    results = [_coco_result(image.id, det) for image in done for det in boxes.get(image.id, [])]
-    _atomic_json(out_dir / "coco_results.json", results)
-    _atomic_json(
-        out_dir / "coco_dataset.json",
-        {
-            "images": [{"id": i.id, "file_name": i.path, "width": i.width, "height": i.height} for i in done],
-            "categories": [{"id": k, "name": v} for k, v in sorted(names.items())],
-            "annotations": [
-                dict(r, id=n + 1, area=r["bbox"][2] * r["bbox"][3], iscrowd=0) for n, r in enumerate(results)
-            ],
-        },
-    )
+    write_atomically(out_dir / "detections.jsonl", lambda out: _write_lines(out, images, boxes))
+    done = [(image, boxes.get(image.id, [])) for image in images if image.status == ImageStatus.DONE]
+    results = [coco_result(image.id, det) for image, dets in done for det in dets]
+    names = class_names(session, model, [job.id for job in jobs])
+    dataset = coco_dataset(done, names, {"description": f"detq results of {', '.join(roots)}"})
+    write_atomically(out_dir / "coco_results.json", lambda out: _write_json(out, results))
+    write_atomically(out_dir / "coco_dataset.json", lambda out: _write_json(out, dataset))
     files = ["detections.jsonl", "coco_results.json", "coco_dataset.json"]
     annotated = 0
     if save_images:
-        for image in done:
-            annotate(Path(image.path), boxes.get(image.id, []), out_dir / "images" / _flat_name(image, roots))
+        for image, dets in done:
+            annotate(Path(image.path), dets, out_dir / "images" / _flat_name(image, roots))
             annotated += 1
         files.append("images/")
     return WrittenResults(images=len(images), detections=len(results), annotated=annotated, files=files)
 
 
-def _coco_result(image_id: int, det: Any) -> dict[str, Any]:
-    w, h = det.x2 - det.x1, det.y2 - det.y1
-    return {
-        "image_id": image_id,
-        "category_id": det.label_id,
-        "bbox": [round(det.x1, 2), round(det.y1, 2), round(w, 2), round(h, 2)],
-        "score": round(det.score, 6),
-    }
+def _write_lines(out: TextIO, images: Sequence[Image], boxes: dict[int, list[Detection]]) -> None:
+    for image in images:
+        out.write(json.dumps(image_record(image, boxes.get(image.id, [])), ensure_ascii=False) + "\n")
 
 
-def _class_names(session: Session, model: ModelRecord, job_ids: Sequence[int]) -> dict[int, str]:
-    names: dict[int, str] = {}
-    classes = model.meta.get("classes") if isinstance(model.meta, dict) else None
-    if isinstance(classes, list):
-        names.update({i: str(name) for i, name in enumerate(classes)})
-    for job_id in job_ids:
-        names.update(label_names(session, job_id))
-    return names
+def _write_json(out: TextIO, document: Any) -> None:
+    json.dump(document, out, ensure_ascii=False)
+    out.write("\n")
 
 
 def _flat_name(image: Image, roots: Sequence[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 60.0
 
 
+@functools.cache
 def host_key() -> str:
     """Where this process's pid means something: the host name and, on Linux, its pid namespace."""
     try:

@@ -133,11 +133,7 @@ def node_name(pool: WorkerPool, hostname: str | None) -> str:
 
 def held_task_ids() -> list[str]:
     """Task ids this node holds: received and waiting for a pool slot, or running."""
-    for _ in range(3):
-        try:
-            return list(worker_state.requests)
-        except RuntimeError:  # the consumer changed the dict while it was copied; copy again
-            continue
+    # dict.copy() runs in C under the GIL: the consumer thread cannot change the dict mid-copy.
     return list(worker_state.requests.copy())
 
 

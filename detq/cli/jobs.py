@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 import click
 
@@ -17,10 +14,10 @@ from detq.cli.base import DetqCommand, examples, load_settings
 from detq.cli.following import follow
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.errors import DetqError
 from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
+from producer.files import write_atomically
 from producer.progress import exit_code_for, render_line
 from producer.requeue import requeue_missing
 from producer.status import JobNotFound, job_status
@@ -240,23 +237,9 @@ def export(job: int, fmt: str, output: Path | None) -> None:
         if output is None:
             export_job(session, job, export_format, sys.stdout)
             return
-        count = _export_to_file(output, lambda out: export_job(session, job, export_format, out))
+        count = write_atomically(output, lambda out: export_job(session, job, export_format, out))
     unit = "lines" if export_format is ExportFormat.JSONL else "records"
     click.echo(f"wrote {count} {unit} to {output}")
-
-
-def _export_to_file(output: Path, write: Callable[[TextIO], int]) -> int:
-    """Write to a temporary file beside output and rename it over output only when complete."""
-    if not output.parent.is_dir():
-        raise DetqError(f"cannot write {output}: folder {output.parent} does not exist")
-    partial = output.with_name(f".{output.name}.{os.getpid()}.partial")
-    try:
-        with partial.open("w", encoding="utf-8", newline="") as handle:
-            count = write(handle)
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
-    return count
 
 
 @click.command(cls=DetqCommand, epilog=examples("detq requeue 42", "detq requeue 42 --json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -9,14 +10,66 @@ from collections.abc import Sequence
 import click
 
 from detq import __version__
-from detq.cli import admin, demos, fleet, jobs, lifecycle, pictures, run, schedules, workers
 from detq.cli.base import EXIT_OK, DetqGroup
 
 EXIT_INTERRUPTED = 130
 
+# Each command's module is imported only when that command runs (or `--help` lists them): a command
+# starts without the database drivers, Celery, rich or Pillow that other commands need.
+COMMANDS = {
+    "run": "detq.cli.run:run",
+    "enqueue": "detq.cli.jobs:enqueue",
+    "status": "detq.cli.jobs:status",
+    "jobs": "detq.cli.jobs:jobs",
+    "export": "detq.cli.jobs:export",
+    "requeue": "detq.cli.jobs:requeue",
+    "cancel": "detq.cli.lifecycle:cancel",
+    "delete": "detq.cli.lifecycle:delete",
+    "render": "detq.cli.pictures:render",
+    "report": "detq.cli.pictures:report",
+    "worker": "detq.cli.workers:worker",
+    "model": "detq.cli.workers:model",
+    "workers": "detq.cli.fleet:workers",
+    "info": "detq.cli.fleet:info",
+    "schedule": "detq.cli.schedules:schedule",
+    "scheduler": "detq.cli.schedules:scheduler",
+    "runs": "detq.cli.schedules:runs",
+    "db": "detq.cli.admin:db",
+    "flower": "detq.cli.admin:flower",
+    "completion": "detq.cli.admin:completion",
+    "demo": "detq.cli.demos:demo",
+}
+
+
+class RootGroup(DetqGroup):
+    """The `detq` group: commands by role, each loaded from COMMANDS when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Commands in role order."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command, its module imported now."""
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attribute = target.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """As click's, with did-you-mean over the commands not loaded yet."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=COMMANDS, ctx=ctx) from None
+
 
 @click.group(
-    cls=DetqGroup,
+    cls=RootGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
     epilog="Run `detq COMMAND --help` for a command's options and examples. Configuration: DETQ_* variables "
     "or a .env file (README, Configuration).",
@@ -25,32 +78,6 @@ EXIT_INTERRUPTED = 130
 def cli() -> None:
     """Run a trained object detector over folders of images with Celery GPU and CPU pools."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-
-
-for command in (
-    run.run,
-    jobs.enqueue,
-    jobs.status,
-    jobs.jobs,
-    jobs.export,
-    jobs.requeue,
-    lifecycle.cancel,
-    lifecycle.delete,
-    pictures.render,
-    pictures.report,
-    workers.worker,
-    workers.model,
-    fleet.workers,
-    fleet.info,
-    schedules.schedule,
-    schedules.scheduler,
-    schedules.runs,
-    admin.db,
-    admin.flower,
-    admin.completion,
-    demos.demo,
-):
-    cli.add_command(command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -12,9 +11,9 @@ from db.jobs_repo import get_job
 from db.ledger import ledger
 from detq.cli.base import DetqCommand, examples, load_settings
 from detq.cli.output import print_json
-from detq.errors import DetqError
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
+from producer.files import write_atomically
 from producer.report import render_report
 from producer.status import JobNotFound
 
@@ -73,13 +72,9 @@ def report(job: int, output: Path) -> None:
     Thumbnails with boxes, boxes per class, a score histogram, throughput over time per worker and
     device, and the failures with their reasons; one file, nothing fetched when it opens.
     """
-    if not output.parent.is_dir():
-        raise DetqError(f"cannot write {output}: folder {output.parent} does not exist")
     with ledger(load_settings()) as led, led.sessions() as session:
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         page = render_report(session, job)
-    partial = output.with_name(f".{output.name}.partial")
-    partial.write_text(page, encoding="utf-8")
-    os.replace(partial, output)
+    write_atomically(output, lambda out: out.write(page))
     click.echo(f"wrote {output} ({len(page) / 1e6:.1f} MB)")

@@ -92,8 +92,9 @@ def run(
     processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)
     helpers = LocalWorkers(settings, worker_pool, processes, out / "worker.log") if start_here else None
     code = 0
+    sha256 = file_sha256(settings.model)  # once: a detector file can be hundreds of MB
     with ledger(settings) as led:
-        model_id = _model_id(led, settings.model)
+        model_id = _model_id(led, settings.model, sha256)
         try:
             if helpers is not None:
                 if not as_json:
@@ -102,7 +103,8 @@ def run(
                     )
                 helpers.start()
                 helpers.wait_ready()
-            code = _exit_code(_process(led, settings, model_id, roots, Pool(pool), timeout, as_json))
+            finals = _process(led, settings, (model_id, sha256), roots, Pool(pool), timeout, as_json)
+            code = _exit_code(finals)
         except WaitTimeout as exc:
             click.echo(f"detq run: {exc}; results so far are written", err=True)
             code = EXIT_TIMED_OUT
@@ -132,11 +134,11 @@ def run(
     raise SystemExit(code)
 
 
-def _model_id(led: Ledger, model: Path) -> int:
+def _model_id(led: Ledger, model: Path, sha256: str) -> int:
     with led.sessions() as session, session.begin():
         record = get_or_create_model(
             session,
-            sha256=file_sha256(model),
+            sha256=sha256,
             path=str(model),
             size_bytes=model.stat().st_size,
             meta=read_embedded_meta(model),
@@ -147,13 +149,14 @@ def _model_id(led: Ledger, model: Path) -> int:
 def _process(
     led: Ledger,
     settings: Settings,
-    model_id: int,
+    model: tuple[int, str],
     roots: list[Path],
     pool: Pool,
     timeout: float | None,
     quiet: bool,
 ) -> list[JobStatus]:
     """Finish earlier runs over these folders left unfinished, then queue and follow what is new."""
+    model_id, sha256 = model
     app = make_celery_app(settings)
     try:
         with led.sessions() as session:
@@ -174,6 +177,7 @@ def _process(
             only_new=True,
             max_retries=settings.max_retries,
             heartbeat_s=settings.heartbeat_interval_s,
+            model_sha256=sha256,
         )
         job_ids = [*unfinished, new.job_id]
         return [follow(led, settings, job_id, timeout_s=timeout, quiet=quiet) for job_id in job_ids]

@@ -9,6 +9,7 @@ import re
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,11 +93,11 @@ def kill_whole_worker(worker: WorkerHandle) -> float:
     return time.monotonic()
 
 
-def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.2) -> float:
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
     """Poll predicate() until true; returns the monotonic time it became true."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return time.monotonic()
         time.sleep(interval)
     raise AssertionError(f"not within {timeout:.0f} s: {what}")

@@ -18,7 +18,10 @@ from tests.support import write_jpeg
 
 
 def _commands(group: click.Group, prefix: str = "detq") -> Iterator[tuple[str, click.Command]]:
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         path = f"{prefix} {name}"
         yield path, command
         if isinstance(command, click.Group):
@@ -235,3 +238,16 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all(
     assert json.loads(capsys.readouterr().out) == []
     assert main(["jobs", "--all", "--json"]) == 0
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [run]
+
+
+def test_the_command_line_loads_a_commands_module_only_when_it_runs() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, detq.cli.main\n"
+        "heavy = [m for m in ('celery', 'sqlalchemy', 'torch', 'PIL', 'rich') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
