@@ -27,8 +27,9 @@ class Channel(filesystem.Channel):
 
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
         # (The ignore: kombu's stubs name this argument differently in its two base classes.)
-        # The name kombu gives it: readers take files in name order, a per-host monotonic time first.
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        # The name kombu gives it (readers take files in name order, a per-host monotonic time first), with
+        # the time zero-padded: unpadded, "99999_" sorts after "100000_" and a torn "1_x" after "12345_y".
+        name = f"{int(round(monotonic() * 1000)):015d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + PARTIAL_SUFFIX  # not *.<queue>.msg: no reader picks it up
         with open(partial, "wb") as handle:

@@ -89,6 +89,12 @@ class Settings(BaseSettings):
         le=64,
         description="Decode threads per process (default: 1 on cpu, cores/GPUs on gpu).",
     )
+    torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Intra-op threads per pool process (default: cores / processes on cpu, up to 4 on gpu).",
+    )
     worker_concurrency: int | None = Field(default=None, ge=1, description="Processes per worker.")
     log_level: str = Field(default="INFO", description="Worker log level.")
     schedules_file: Path | None = Field(

@@ -65,7 +65,7 @@ def run_worker(
     except NoGpuError as exc:
         raise WorkerStartupError(str(exc)) from exc
     processes = concurrency or settings.worker_concurrency or default
-    threads = threads_per_process(pool, cores=cores, concurrency=processes)
+    threads = settings.torch_threads or threads_per_process(pool, cores=cores, concurrency=processes)
     decoders = settings.decode_threads or decode_threads_per_process(pool, cores=cores, concurrency=processes)
     consumed = list(queues or QUEUES_BY_POOL[pool])
     # As `celery worker -n`: %h, %n and %d expand; a bare name is the host part.

@@ -14,7 +14,7 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Pat
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
     app = make_celery_app(settings)
     queue = settings.broker_dir / "queue"
-    (queue / "1_torn.any.msg").write_text('{"body": "abc')
+    (queue / f"{0:015d}_torn.any.msg").write_text('{"body": "abc')  # named as if written first
     # And a whole message behind it
     app.send_task(TASK_PROCESS_BATCH, args=[1, [2]], task_id="detq-batch-9", queue="any", routing_key="any")
     assert not list(queue.glob("*.partial")), "messages are renamed into place once written"

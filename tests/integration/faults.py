@@ -17,15 +17,21 @@ from PIL import Image
 
 from tests.integration.harness import Deployment, WorkerHandle
 
-# Short timeouts so recovery happens within a test: heartbeats every second, a pass every two.
-FAST_HEALING = {"DETQ_WORKER_TIMEOUT": "6"}
+# Short timeouts so recovery happens within a test: heartbeats every second, a pass every two. One
+# intra-op thread: the slow model keeps its pace on a busy machine (see ITERATIONS_PER_MS).
+FAST_HEALING = {"DETQ_WORKER_TIMEOUT": "6", "DETQ_TORCH_THREADS": "1"}
 READY_PIDS = re.compile(r"pool process \d+ \(pid (\d+)\) ready")
 
 
-def save_slow_model(path: Path, iterations: int = 200, *, wider_than: int = 0) -> Path:
-    """A scripted torchvision-format model that computes for a while per image (about 0.5 ms an
-    iteration here), then boxes the middle half of the image with score 0.9. With wider_than, only
-    images wider than that are slow."""
+# Iterations of a 16x16 matmul and tanh per millisecond here, on one intra-op thread. With two threads
+# and another process busy on one of the two cores, the same model ran 4 times slower (and a 256x256
+# one 40 times): OpenMP threads waiting on a descheduled peer. Tests of it set DETQ_TORCH_THREADS=1.
+ITERATIONS_PER_MS = 350
+
+
+def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> Path:
+    """A scripted torchvision-format model that computes for about ms_per_image per image, then boxes
+    the middle half of the image with score 0.9. With wider_than, only images wider than that are slow."""
     import torch
 
     class Slow(torch.nn.Module):
@@ -33,7 +39,7 @@ def save_slow_model(path: Path, iterations: int = 200, *, wider_than: int = 0) -
             super().__init__()
             self.iters = iters
             self.wider_than = wider_than
-            self.w = torch.nn.Parameter(torch.randn(256, 256) / 16, requires_grad=False)
+            self.w = torch.nn.Parameter(torch.randn(16, 16) / 5, requires_grad=False)
 
         def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
             out: list[dict[str, torch.Tensor]] = []
@@ -58,7 +64,7 @@ def save_slow_model(path: Path, iterations: int = 200, *, wider_than: int = 0) -
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(
-            torch.jit.script(Slow(iterations, wider_than).eval()),
+            torch.jit.script(Slow(int(ms_per_image * ITERATIONS_PER_MS), wider_than).eval()),
             str(path),
             _extra_files={"detq.json": json.dumps(meta)},
         )

@@ -38,7 +38,7 @@ def _finished(deployment: Deployment, job_id: int) -> bool:
 def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(embedded: Deployment, tmp_path: Path) -> None:
     # Given one pool process working through batches of 8 images of about 0.2 s each
     embedded.extra.update(FAST_HEALING)
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 400)
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 200)
     images = write_images(tmp_path / "in", 32)
     before = digests(images)
     with running_worker(embedded, concurrency=1, name="first") as worker:
@@ -64,13 +64,13 @@ def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(embedded: Deployme
 def test_a_soft_time_limit_fails_the_batch_with_a_timeout_reason(
     embedded: Deployment, tmp_path: Path
 ) -> None:
-    # Given ten images of about 0.4 s each (0.8 s on one thread), one per forward, and a soft limit of 1 s
+    # Given ten images of about 0.4 s each, one per forward, and a soft limit of 1 s
     # (Celery checks its time limits about once a second: the batch must far outlast the limit)
     embedded.extra.update(
         FAST_HEALING
         | {"DETQ_TASK_SOFT_TIME_LIMIT": "1", "DETQ_TASK_TIME_LIMIT": "30", "DETQ_MICRO_BATCH": "1"}
     )
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 1600)
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 400)
     images = write_images(tmp_path / "in", 10)
     before = digests(images)
     with running_worker(embedded, concurrency=1):
@@ -87,7 +87,7 @@ def test_a_hard_time_limit_kill_counts_as_a_death_never_a_lost_batch(
 ) -> None:
     # Given a batch of four quick images and one that takes far longer than the hard time limit
     embedded.extra.update(FAST_HEALING | {"DETQ_TASK_SOFT_TIME_LIMIT": "1", "DETQ_TASK_TIME_LIMIT": "2"})
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 12000, wider_than=100)
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 6000, wider_than=100)
     images = write_images(tmp_path / "in", 4)
     heavy = tmp_path / "in" / "zz_heavy.png"
     Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)

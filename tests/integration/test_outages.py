@@ -71,7 +71,7 @@ def _survives(deployment: Deployment, tmp_path: Path, outage: Callable[[], None]
     finish by itself, every image done once, inputs unchanged."""
     deployment.run("db", "upgrade")
     deployment.extra.update(FAST_HEALING)
-    deployment.model = save_slow_model(tmp_path / "slow.pt", 200)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", 100)
     images = write_images(tmp_path / "in", 48)
     before = digests(images)
     with running_worker(deployment, concurrency=2):

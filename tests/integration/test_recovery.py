@@ -28,15 +28,15 @@ pytestmark = pytest.mark.integration
 
 IMAGES = 48
 BATCH = "8"
-# The slow model takes about 0.1 s an image here: long enough to kill a worker mid-batch.
-SLOW_ITERATIONS = 200
+# About 0.1 s an image: long enough to kill a worker mid-batch.
+SLOW_MS = 100
 
 
 def _prepare(
     deployment: Deployment, tmp_path: Path, count: int = IMAGES
 ) -> tuple[list[Path], dict[str, str]]:
     deployment.extra.update(FAST_HEALING)
-    deployment.model = save_slow_model(tmp_path / "slow.pt", SLOW_ITERATIONS)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", SLOW_MS)
     images = write_images(tmp_path / "in", count)
     return images, digests(images)
 

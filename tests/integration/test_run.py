@@ -28,8 +28,8 @@ def _done_in_ledger(deployment: Deployment) -> int:
 
 def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_path: Path) -> None:
     # Given a folder of 64 images and a model of about 0.25 s an image, in batches of 8
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 1000)
-    embedded.extra["DETQ_BATCH_SIZE"] = "8"
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 250)
+    embedded.extra.update({"DETQ_BATCH_SIZE": "8", "DETQ_TORCH_THREADS": "1"})
     images = write_images(tmp_path / "in", 64)
     before = digests(images)
     out = tmp_path / "results"
