@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, insert, select, update
+from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from db.bulk import insert_rows
 from db.jobs_repo import close_enqueue, close_job_if_complete
 from db.models import Detection, Image, Job, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
@@ -39,6 +40,9 @@ class DetectionRow:
     y1: float
     x2: float
     y2: float
+
+
+DETECTION_COLUMNS = ("image_id", "model_id", "rank", "label_id", "label", "score", "x1", "y1", "x2", "y2")
 
 
 @dataclass(frozen=True)
@@ -112,64 +116,75 @@ def record_results(
 ) -> int:
     """Finalise pending images with their results, idempotently; returns how many were newly finalised.
 
-    Each image moves pending -> terminal with a conditional UPDATE, and only images whose UPDATE matched get
-    detections, so a batch delivered twice, or raced by two workers, writes each image's detections once
-    and never overwrites a terminal state. On PostgreSQL the row lock of the UPDATE makes a racing
-    transaction wait, re-check status after the first commits, and match nothing. Rows are updated in id
-    order so that two transactions over overlapping batches lock them in the same order, not deadlock.
+    Only images still pending, locked first, move to their terminal state and get detections, so a batch
+    delivered twice, or raced by two workers, writes each image's detections once and never overwrites a
+    terminal state. Rows are locked in id order so that two transactions over overlapping batches lock them
+    in the same order, not deadlock. One round trip per step: the locking SELECT, the UPDATEs (executemany),
+    the detections (COPY on PostgreSQL).
     """
     for result in results:
         if result.status not in TERMINAL_STATUSES:
             raise ValueError(f"image {result.image_id}: a result must be terminal, not {result.status!r}")
     now = utcnow()
-    finalised: list[ImageResult] = []
-    for result in sorted(results, key=lambda r: r.image_id):
-        # An UPDATE's result is a CursorResult; Session.execute is typed with the general Result.
-        outcome = cast(
-            "CursorResult[Any]",
-            session.execute(
-                update(Image)
-                .where(
-                    Image.id == result.image_id,
-                    Image.job_id == job_id,
-                    Image.status == ImageStatus.PENDING.value,
-                )
-                .values(
-                    status=ImageStatus(result.status).value,
-                    reason=result.reason,
-                    width=result.width,
-                    height=result.height,
-                    worker=worker,
-                    device=device,
-                    decode_ms=result.decode_ms,
-                    infer_ms=result.infer_ms,
-                    finished_at=now,
-                )
-            ),
+    ordered = sorted(results, key=lambda r: r.image_id)
+    # Lock the images still pending, in id order; a racing transaction waits here and, once the first
+    # commits, finds them terminal (PostgreSQL re-checks the WHERE of a FOR UPDATE on the new row version).
+    # SQLite has no row locks: BEGIN IMMEDIATE (db.engine) already holds the database's write lock.
+    still_pending = set(
+        session.scalars(
+            select(Image.id)
+            .where(
+                Image.id.in_([r.image_id for r in ordered]),
+                Image.job_id == job_id,
+                Image.status == ImageStatus.PENDING.value,
+            )
+            .order_by(Image.id)
+            .with_for_update()
         )
-        if outcome.rowcount == 1:
-            finalised.append(result)
-    detection_rows: list[dict[str, Any]] = [
-        {
-            "image_id": result.image_id,
-            "model_id": model_id,
-            "rank": rank,
-            "label_id": box.label_id,
-            "label": box.label,
-            "score": box.score,
-            "x1": box.x1,
-            "y1": box.y1,
-            "x2": box.x2,
-            "y2": box.y2,
-        }
-        for result in finalised
-        for rank, box in enumerate(result.detections)
-    ]
-    if detection_rows:
-        session.execute(insert(Detection), detection_rows)
-    if finalised:
-        session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
-        close_job_if_complete(session, job_id, now)
+    )
+    finalised = [r for r in ordered if r.image_id in still_pending]
+    if not finalised:
+        return 0
+    images = cast(Table, Image.__table__)
+    session.execute(
+        update(images)
+        .where(images.c.id == bindparam("image_id"))
+        .values(
+            status=bindparam("status"),
+            reason=bindparam("reason"),
+            width=bindparam("width"),
+            height=bindparam("height"),
+            decode_ms=bindparam("decode_ms"),
+            infer_ms=bindparam("infer_ms"),
+            worker=worker,
+            device=device,
+            finished_at=now,
+        ),
+        [
+            {
+                "image_id": r.image_id,
+                "status": ImageStatus(r.status).value,
+                "reason": r.reason,
+                "width": r.width,
+                "height": r.height,
+                "decode_ms": r.decode_ms,
+                "infer_ms": r.infer_ms,
+            }
+            for r in finalised
+        ],
+    )
+    insert_rows(
+        session,
+        cast(Table, Detection.__table__),
+        DETECTION_COLUMNS,
+        [
+            (r.image_id, model_id, rank, box.label_id, box.label, box.score, box.x1, box.y1, box.x2, box.y2)
+            for r in finalised
+            for rank, box in enumerate(r.detections)
+        ],
+    )
+    session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
+    close_job_if_complete(session, job_id, now)
     return len(finalised)
 
 
