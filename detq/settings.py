@@ -69,6 +69,13 @@ class Settings(BaseSettings):
     max_detections: int | None = Field(
         default=None, ge=1, description="Override the detections kept per image of YOLO outputs (300)."
     )
+    fast_decode: bool = Field(
+        default=False,
+        description=(
+            "Decode JPEGs at a reduced DCT scale near the model's input size: faster on large photos, but the"
+            " pixels, and so some boxes, differ from the model's reference preprocessing (docs/models.md)."
+        ),
+    )
     max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Larger files are rejected.")
     task_soft_time_limit: int = Field(

@@ -32,7 +32,7 @@ def prepare_image(
         with open_confined(image.path, roots[image.root_index], runtime.allowed_roots) as opened:
             return decode_image(
                 opened.handle,
-                target_size=model.decode_target,
+                target_size=model.decode_target if settings.fast_decode else None,
                 max_pixels=settings.max_image_pixels,
                 max_bytes=settings.max_file_bytes,
             )

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -62,7 +63,7 @@ class FixedInputAdapter:
         self, images: Sequence[Image.Image], device: torch.device
     ) -> tuple[Any, list[InputTransform]]:
         height, width = self.meta.fixed_input_size()
-        resized: list[Image.Image] = []
+        resized: list[np.ndarray] = []
         transforms: list[InputTransform] = []
         for img in images:
             if self.meta.letterbox:

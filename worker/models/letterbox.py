@@ -1,10 +1,11 @@
-"""Fit images to a model's input (letterbox or stretch), batch them, and map boxes back to source pixels."""
+"""Fit images to a model's input (letterbox or stretch, as Ultralytics does), batch them, map boxes back."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 import torch
 from PIL import Image
@@ -50,41 +51,57 @@ def letterbox_transform(
     return transform, (new_w, new_h), (left, top)
 
 
+def _rgb_array(img: Image.Image) -> np.ndarray:
+    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
+
+
+def _resize(pixels: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
+    # OpenCV's INTER_LINEAR, as Ultralytics' LetterBox: it does not smooth when it shrinks, Pillow's
+    # BILINEAR does, and the two give different boxes on a downscaled photo.
+    if pixels.shape[1] == new_w and pixels.shape[0] == new_h:
+        return pixels
+    return cv2.resize(pixels, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+
+
 def letterbox_image(
     img: Image.Image, dst_w: int, dst_h: int, fill: int = 114
-) -> tuple[Image.Image, InputTransform]:
-    """Resize keeping the aspect ratio and pad to dst_w x dst_h RGB with grey `fill`, centred."""
+) -> tuple[np.ndarray, InputTransform]:
+    """Resize keeping the aspect ratio and pad to dst_w x dst_h with grey `fill`, centred, exactly as
+    Ultralytics' predict does: HxWx3 uint8 RGB."""
     transform, (new_w, new_h), (left, top) = letterbox_transform(img.width, img.height, dst_w, dst_h)
-    rgb = img if img.mode == "RGB" else img.convert("RGB")
-    resized = rgb if rgb.size == (new_w, new_h) else rgb.resize((new_w, new_h), Image.Resampling.BILINEAR)
-    canvas = Image.new("RGB", (dst_w, dst_h), (fill, fill, fill))
-    canvas.paste(resized, (left, top))
+    resized = _resize(_rgb_array(img), new_w, new_h)
+    right, bottom = dst_w - new_w - left, dst_h - new_h - top
+    canvas = cv2.copyMakeBorder(
+        resized, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(fill, fill, fill)
+    )
     return canvas, transform
 
 
-def stretch_image(img: Image.Image, dst_w: int, dst_h: int) -> tuple[Image.Image, InputTransform]:
-    """Resize to dst_w x dst_h RGB ignoring the aspect ratio."""
+def stretch_image(img: Image.Image, dst_w: int, dst_h: int) -> tuple[np.ndarray, InputTransform]:
+    """Resize to dst_w x dst_h ignoring the aspect ratio: HxWx3 uint8 RGB."""
     if min(img.width, img.height, dst_w, dst_h) <= 0:
         raise ValueError(f"sizes must be positive, got {img.width}x{img.height} into {dst_w}x{dst_h}")
-    rgb = img if img.mode == "RGB" else img.convert("RGB")
-    resized = rgb if rgb.size == (dst_w, dst_h) else rgb.resize((dst_w, dst_h), Image.Resampling.BILINEAR)
+    resized = _resize(_rgb_array(img), dst_w, dst_h)
     transform = InputTransform(scale_x=dst_w / img.width, scale_y=dst_h / img.height, pad_x=0.0, pad_y=0.0)
     return resized, transform
 
 
 def images_to_batch(
-    images: Sequence[Image.Image], mean: Sequence[float] | None, std: Sequence[float] | None
+    images: Sequence[np.ndarray], mean: Sequence[float] | None, std: Sequence[float] | None
 ) -> torch.Tensor:
-    """Stack same-size RGB images into float32 [B, 3, H, W] in [0, 1], then (x - mean) / std if given."""
+    """Stack same-size HxWx3 uint8 RGB images into float32 [B, 3, H, W] in [0, 1], then (x - mean) / std if
+    given."""
     if not images:
         raise ValueError("images_to_batch needs at least one image")
-    size = images[0].size
-    for i, img in enumerate(images):
-        if img.mode != "RGB":
-            raise ValueError(f"image {i} has mode {img.mode!r}; convert it to RGB first")
-        if img.size != size:
-            raise ValueError(f"image {i} is {img.size[0]}x{img.size[1]}, expected {size[0]}x{size[1]}")
-    array = np.stack([np.asarray(img, dtype=np.uint8) for img in images])  # [B, H, W, 3]
+    shape = images[0].shape
+    for i, pixels in enumerate(images):
+        if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
+            raise ValueError(f"image {i} is {pixels.dtype} {pixels.shape}; expected H x W x 3 uint8 RGB")
+        if pixels.shape != shape:
+            raise ValueError(
+                f"image {i} is {pixels.shape[1]}x{pixels.shape[0]}, expected {shape[1]}x{shape[0]}"
+            )
+    array = np.stack(images)  # [B, H, W, 3]
     batch = torch.from_numpy(array).permute(0, 3, 1, 2).to(torch.float32).div_(255.0).contiguous()
     if mean is not None:
         batch.sub_(_per_channel(mean, "mean"))

@@ -6,13 +6,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torchvision.ops import batched_nms
+from torchvision.ops import nms
 
 from detq.vocabulary import ModelFormat
 from worker.models.outputs import ModelOutputError, RawDetections
 
 # Ultralytics caps the boxes fed to NMS (max_nms) so a flood of candidates cannot make NMS quadratic-slow.
 MAX_NMS_CANDIDATES = 30000
+# Ultralytics and YOLOv5 make NMS class-aware by shifting each class's boxes by class x max_wh; the shift
+# rounds the float32 coordinates, so a box near the IoU threshold is kept or dropped by that rounding: detq
+# shifts the same way to keep exactly the boxes they keep.
+CLASS_OFFSET = 7680
 
 
 def _empty() -> RawDetections:
@@ -39,7 +43,8 @@ def _nms(
     if scores.numel() > MAX_NMS_CANDIDATES:
         top = torch.topk(scores, MAX_NMS_CANDIDATES).indices
         boxes_xyxy, scores, labels = boxes_xyxy[top], scores[top], labels[top]
-    keep = batched_nms(boxes_xyxy, scores, labels, iou)[:max_det]  # sorted by descending score
+    shifted = boxes_xyxy + labels.to(boxes_xyxy.dtype)[:, None] * CLASS_OFFSET
+    keep = nms(shifted, scores, iou)[:max_det]  # sorted by descending score
     return RawDetections(
         boxes=boxes_xyxy[keep].to("cpu", torch.float32),
         labels=labels[keep].to("cpu", torch.int64),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -82,35 +83,48 @@ def test_identity_and_empty_boxes() -> None:
 def test_letterbox_canvas_has_grey_padding_and_the_image_inside() -> None:
     img = Image.new("RGB", (1280, 720), (200, 10, 30))
     canvas, transform = letterbox_image(img, 640, 640)
-    assert canvas.size == (640, 640)
-    assert canvas.mode == "RGB"
+    assert (canvas.shape, canvas.dtype) == ((640, 640, 3), np.uint8)
     assert transform.pad_y == 140.0
-    assert canvas.getpixel((320, 139)) == (114, 114, 114)
-    assert canvas.getpixel((320, 500)) == (114, 114, 114)
-    assert canvas.getpixel((0, 140)) == (200, 10, 30)
-    assert canvas.getpixel((639, 499)) == (200, 10, 30)
+    assert canvas[139, 320].tolist() == [114, 114, 114]
+    assert canvas[500, 320].tolist() == [114, 114, 114]
+    assert canvas[140, 0].tolist() == [200, 10, 30]
+    assert canvas[499, 639].tolist() == [200, 10, 30]
 
 
 def test_letterbox_converts_mode_and_honours_fill() -> None:
     img = Image.new("L", (50, 100), 255)
     canvas, transform = letterbox_image(img, 64, 64, fill=0)
-    assert canvas.mode == "RGB"
+    assert canvas.shape == (64, 64, 3)
     assert (transform.pad_x, transform.pad_y) == (16.0, 0.0)
-    assert canvas.getpixel((0, 32)) == (0, 0, 0)
-    assert canvas.getpixel((32, 32)) == (255, 255, 255)
+    assert canvas[32, 0].tolist() == [0, 0, 0]
+    assert canvas[32, 32].tolist() == [255, 255, 255]
+
+
+def test_letterbox_shrinks_with_opencv_inter_linear_not_a_smoothing_filter() -> None:
+    # Given one-pixel stripes, shrunk by 2: INTER_LINEAR samples between two source pixels, no wider
+    stripes = np.zeros((8, 8, 3), dtype=np.uint8)
+    stripes[:, ::2] = 255
+    canvas, _ = letterbox_image(Image.fromarray(stripes), 4, 4)
+    # Then each output pixel is the mean of its two source pixels, as cv2.resize and Ultralytics give
+    assert canvas[:, :, 0].tolist() == [[128] * 4] * 4
 
 
 def test_stretch_image_scales_each_axis_without_padding() -> None:
     img = Image.new("RGB", (200, 100), (1, 2, 3))
     out, transform = stretch_image(img, 64, 64)
-    assert out.size == (64, 64)
+    assert out.shape == (64, 64, 3)
+    assert out[10, 10].tolist() == [1, 2, 3]
     assert transform == InputTransform(scale_x=0.32, scale_y=0.64, pad_x=0.0, pad_y=0.0)
     back = transform.to_source(torch.tensor([[64.0, 64.0, 64.0, 64.0]]))
     assert torch.allclose(back, torch.tensor([[200.0, 100.0, 200.0, 100.0]]), atol=1e-4)
 
 
+def _pixels(size: tuple[int, int], colour: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
+    return np.asarray(Image.new("RGB", size, colour))
+
+
 def test_images_to_batch_shape_dtype_and_range() -> None:
-    images = [Image.new("RGB", (4, 3), (255, 0, 51)), Image.new("RGB", (4, 3), (0, 0, 0))]
+    images = [_pixels((4, 3), (255, 0, 51)), _pixels((4, 3))]
     batch = images_to_batch(images, None, None)
     assert batch.shape == (2, 3, 3, 4)
     assert batch.dtype == torch.float32
@@ -119,7 +133,7 @@ def test_images_to_batch_shape_dtype_and_range() -> None:
 
 
 def test_images_to_batch_normalises_per_channel() -> None:
-    batch = images_to_batch([Image.new("RGB", (2, 2), (255, 0, 51))], [0.5, 0.5, 0.0], [0.5, 0.25, 0.1])
+    batch = images_to_batch([_pixels((2, 2), (255, 0, 51))], [0.5, 0.5, 0.0], [0.5, 0.25, 0.1])
     assert batch[0, :, 1, 1].tolist() == pytest.approx([1.0, -2.0, 2.0])
 
 
@@ -127,13 +141,13 @@ def test_images_to_batch_normalises_per_channel() -> None:
     ("images", "mean", "match"),
     [
         ([], None, "at least one"),
-        ([Image.new("RGB", (2, 2)), Image.new("RGB", (3, 2))], None, "expected 2x2"),
-        ([Image.new("L", (2, 2))], None, "RGB"),
-        ([Image.new("RGB", (2, 2))], [0.5], "3 values"),
+        ([_pixels((2, 2)), _pixels((3, 2))], None, "expected 2x2"),
+        ([np.zeros((2, 2), dtype=np.uint8)], None, "RGB"),
+        ([_pixels((2, 2))], [0.5], "3 values"),
     ],
 )
 def test_images_to_batch_rejects_bad_input(
-    images: list[Image.Image], mean: list[float] | None, match: str
+    images: list[np.ndarray], mean: list[float] | None, match: str
 ) -> None:
     with pytest.raises(ValueError, match=match):
         images_to_batch(images, mean, None)
