@@ -46,8 +46,13 @@ test-unit: install-dev
 demo: install
 	$(VENV)/bin/detq demo
 
-bench: install
-	$(PY) scripts/bench_throughput.py
+$(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed-dev
+	$(PIP) install --quiet -e '.[worker,dev,bench]'
+	touch $@
+
+# The benchmark suite (bench/): about 30 min on 2 cores; python -m bench --help for smaller runs.
+bench: install-dev services $(VENV)/.installed-bench
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .detq demo-output .mypy_cache .ruff_cache .pytest_cache

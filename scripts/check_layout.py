@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo")
+PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo", "bench")
 MAX_LINES = 300
 # Alembic revision files are data more than modules: their size follows the schema change.
 EXEMPT_PARTS = ("migrations",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from worker.models.loading import LoadedModel, load_model_for_device
 from worker.rows import to_detection_rows
 
 REFERENCE = Path(__file__).with_name("ultralytics_reference.py")
+ROOT = Path(__file__).resolve().parents[3]
 PHOTO_IDS = ["1280x960", "640x480", "333x517", "320x320", "200x150", "97x301", "480x360-exif6"]
 Detection = tuple[float, int, tuple[float, ...]]
 
@@ -37,9 +39,9 @@ def one_thread() -> Iterator[None]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Ultralytics' own export of YOLOv8n, the photos, and what its predict found on each."""
     work = tmp_path_factory.mktemp("ultralytics")
-    done = subprocess.run(
-        [sys.executable, str(REFERENCE), str(work)], capture_output=True, text=True, timeout=600
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(REFERENCE), str(work)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, f"the Ultralytics reference failed:\n{done.stderr[-3000:]}"
     found: dict[str, Any] = json.loads((work / "predictions.json").read_text())
     assert len(found["photos"]) == len(PHOTO_IDS)

@@ -1,0 +1,149 @@
+"""`make bench`: every runner on the same photos and models, interleaved, in one invocation.
+
+python -m bench [--images 240] [--large-images 32] [--repeat 3] [--models ssdlite,yolov8] [--no-ray]
+                [--enqueue-files 100000] [--out bench-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import deployments, enqueue, loops, ray_data, report, writes
+from bench.photos import write_photos
+from tests.support import save_fixed_box_model, save_torchvision_detector
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = {"1280x960": (1280, 960), "12MP": (4000, 3000)}
+
+
+def build_models(work: Path, names: list[str]) -> dict[str, Path]:
+    """SSDlite (scripted torchvision, random weights: up to 300 boxes an image) and a YOLOv8n export."""
+    models: dict[str, Path] = {}
+    if "ssdlite" in names:
+        models["ssdlite"] = save_torchvision_detector(work / "ssdlite.pt", "ssdlite")
+    if "yolov8" in names:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.yolo_export", str(work / "yolo"), "640"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        models["yolov8"] = Path(done.stdout.strip().splitlines()[-1])
+    return models
+
+
+def runners(
+    model: Path, photos: list[Path], folder: Path, work: Path, ray: bool
+) -> dict[str, Callable[[], float]]:
+    cores = len(os.sched_getaffinity(0))
+    extra = {"DETQ_BATCH_SIZE": "8"}
+    found: dict[str, Callable[[], float]] = {
+        report.NAIVE: lambda: loops.naive_loop(model, photos),
+        report.CEILING: lambda: loops.ceiling(model, photos),
+        "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra),
+        "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(model, folder, work, cores, extra),
+    }
+    if ray:
+        found[report.RAY] = lambda: ray_data.ray_data(model, photos)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
+    parser.add_argument("--large-images", type=int, default=32, help="12 MP photos per run (0: none)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--models", default="ssdlite,yolov8")
+    parser.add_argument("--no-ray", action="store_true", help="skip Ray Data even when installed")
+    parser.add_argument(
+        "--enqueue-files", type=int, default=100_000, help="files for the enqueue bench (0: none)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    args = parser.parse_args()
+    ray = not args.no_ray and ray_data.available()
+    started = time.time()
+    results: dict[str, dict[str, list[float]]] = {}
+    extras: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="detq-bench-") as tmp:
+        work = Path(tmp)
+        models = build_models(work, args.models.split(","))
+        counts = {"1280x960": args.images, "12MP": args.large_images}
+        folders = {size: work / f"photos-{size}" for size, count in counts.items() if count > 0}
+        photo_lists = {
+            size: write_photos(folder, counts[size], SIZES[size]) for size, folder in folders.items()
+        }
+        plan = {
+            f"{model} {size}": runners(path, photo_lists[size], folders[size], work, ray)
+            for model, path in models.items()
+            for size in folders
+        }
+        for workload, named in plan.items():
+            results[workload] = {name: [] for name in named}
+        for round_ in range(args.repeat):  # interleaved: a drift in machine load hits every runner alike
+            for workload, named in plan.items():
+                for name, run in named.items():
+                    rate = run()
+                    results[workload][name].append(rate)
+                    print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
+        extras.update(framework_overhead(work, args.repeat))
+        extras["detections_per_s"] = {
+            "postgresql": round(writes.postgres_detections_per_s()),
+            "sqlite": round(writes.sqlite_detections_per_s()),
+        }
+        if args.enqueue_files:
+            extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
+    summary = {
+        "command": " ".join(["python -m bench", *sys.argv[1:]]),
+        "machine": report.machine(),
+        "seconds": round(time.time() - started),
+        "images_per_s": {
+            w: {n: [round(r, 2) for r in rs] for n, rs in named.items()} for w, named in results.items()
+        },
+        **extras,
+    }
+    report.write(args.out, summary)
+    print(report.table(summary["images_per_s"]))
+    print({k: v for k, v in summary.items() if k not in ("images_per_s",)})
+    return 0
+
+
+def framework_overhead(work: Path, repeat: int) -> dict[str, Any]:
+    """Images/s with a model that costs nothing (fixed boxes) on tiny photos: what the framework costs."""
+    model = save_fixed_box_model(work / "fixed.pt")
+    photos = work / "tiny"
+    write_photos(photos, 400, (64, 48), seed=7)
+    cores = len(os.sched_getaffinity(0))
+    extra = {"DETQ_BATCH_SIZE": "8"}
+    embedded = [deployments.detq_embedded(model, photos, work, cores, extra) for _ in range(repeat)]
+    redis_pg = [deployments.detq_redis_postgres(model, photos, work, cores, extra) for _ in range(repeat)]
+    return {"trivial_model_images_per_s": {"embedded": embedded, "redis_postgres": redis_pg}}
+
+
+def enqueue_bench(work: Path, files: int) -> dict[str, Any]:
+    """Files/s and peak memory of `detq enqueue` at a tenth of the folder and the whole, both deployments."""
+    sample = write_photos(work / "sample", 1, (64, 48))[0]
+    model = save_fixed_box_model(work / "enqueue-model.pt")
+    found: dict[str, Any] = {}
+    for count in (files // 10, files):
+        folder = enqueue.write_folder(work / f"files-{count}", count, sample)
+        embedded = enqueue.enqueue_embedded(model, folder, work)
+        redis_pg = enqueue.enqueue_redis_postgres(model, folder, work)
+        found[str(count)] = {
+            "embedded": {"files_per_s": round(embedded[0]), "peak_mib": round(embedded[1])},
+            "redis_postgres": {"files_per_s": round(redis_pg[0]), "peak_mib": round(redis_pg[1])},
+        }
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

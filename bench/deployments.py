@@ -1,0 +1,74 @@
+"""detq end to end: warm `detq worker` processes, one job, timed from `detq enqueue` to its last image."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from tests.integration.harness import Deployment, running_worker
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "DETQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("DETQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+@contextmanager
+def fresh_postgres() -> Iterator[str]:
+    """A new, empty PostgreSQL database, dropped afterwards."""
+    name = f"detq_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _flush_redis() -> None:
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def run_job(deployment: Deployment, photos: Path, processes: int) -> float:
+    """Images/s of one job over the folder, from `detq enqueue` to the ledger's last finished image."""
+    with running_worker(deployment, concurrency=processes):
+        began = time.time()
+        status = deployment.run_json("enqueue", str(photos), "--pool", "cpu", "--wait", "--timeout", "3600")
+    assert status["done"] == status["total"], status
+    finished = datetime.fromisoformat(status["finished_at"]).timestamp()
+    return float(status["total"]) / (finished - began)
+
+
+def detq_embedded(model: Path, photos: Path, base: Path, processes: int, extra: dict[str, str]) -> float:
+    """The default deployment: SQLite and the filesystem broker under one data folder."""
+    data = base / f"embedded-{time.monotonic_ns()}"
+    return run_job(Deployment(data_dir=data, model=model, extra=extra), photos, processes)
+
+
+def detq_redis_postgres(
+    model: Path, photos: Path, base: Path, processes: int, extra: dict[str, str]
+) -> float:
+    """The scaled-out deployment: Redis broker, PostgreSQL ledger (migrated first)."""
+    _flush_redis()
+    with fresh_postgres() as url:
+        deployment = Deployment(
+            data_dir=base / f"redis-pg-{time.monotonic_ns()}",
+            database_url=url,
+            broker_url=REDIS_URL,
+            model=model,
+            extra=extra,
+        )
+        deployment.run("db", "upgrade")
+        return run_job(deployment, photos, processes)

@@ -1,0 +1,68 @@
+"""`detq enqueue` of a large folder: files per second, and the command's peak memory at two folder sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.deployments import REDIS_URL, fresh_postgres
+from tests.integration.harness import DETQ, Deployment
+
+# Runs a command and prints its peak resident memory (KiB, Linux) after its own output.
+_PEAK = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
+)
+
+
+def write_folder(folder: Path, count: int, sample: Path) -> Path:
+    """count image files (hard links to one JPEG: the scan sees count files, the disk holds one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        link = folder / f"{i // 1000:03d}" / f"img{i:06d}.jpg"
+        link.parent.mkdir(exist_ok=True)
+        if not link.exists():
+            os.link(sample, link)
+    return folder
+
+
+def enqueue_rate(deployment: Deployment, folder: Path) -> tuple[float, float]:
+    """(files/s, peak MiB) of one `detq enqueue --json` of the folder, process start-up included."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *DETQ, "enqueue", str(folder), "--json"],
+        env=deployment.env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=True,
+    )
+    elapsed = time.perf_counter() - began
+    lines = done.stdout.strip().splitlines()
+    total = int(json.loads(lines[-2])["total"])
+    return total / elapsed, int(lines[-1]) / 1024
+
+
+def enqueue_embedded(model: Path, folder: Path, base: Path) -> tuple[float, float]:
+    return enqueue_rate(Deployment(data_dir=base / f"enqueue-{time.monotonic_ns()}", model=model), folder)
+
+
+def enqueue_redis_postgres(model: Path, folder: Path, base: Path) -> tuple[float, float]:
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    with fresh_postgres() as url:
+        deployment = Deployment(
+            data_dir=base / f"enqueue-pg-{time.monotonic_ns()}",
+            database_url=url,
+            broker_url=REDIS_URL,
+            model=model,
+        )
+        deployment.run("db", "upgrade")
+        rate = enqueue_rate(deployment, folder)
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    return rate

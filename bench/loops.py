@@ -1,0 +1,88 @@
+"""What detq is measured against: a seed-style loop, and the in-process ceiling (no queue, no database)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from worker.decode import decode_image
+from worker.inference import forward_images
+from worker.models.loading import LoadedModel, load_model_for_device
+from worker.rows import to_detection_rows
+
+LIMITS = {"max_pixels": 10**9, "max_bytes": 10**10}
+
+
+def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
+    """Images/s of the loop people write first: Pillow full decode, one image at a time, the model, rows."""
+    model = load_model_for_device(model_path, "cpu")
+    began = time.perf_counter()
+    for photo in photos:
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        (raw,) = forward_images(model, [rgb])
+        to_detection_rows(
+            raw,
+            scale_x=1.0,
+            scale_y=1.0,
+            width=rgb.width,
+            height=rgb.height,
+            meta=model.meta,
+            score_threshold=model.meta.score_threshold,
+        )
+    return len(photos) / (time.perf_counter() - began)
+
+
+def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, fast: bool) -> None:
+    target = model.decode_target if fast else None
+    for start in range(0, len(photos), micro_batch):
+        decoded = [decode_image(p, target_size=target, **LIMITS) for p in photos[start : start + micro_batch]]
+        for dec, raw in zip(decoded, forward_images(model, [d.image for d in decoded]), strict=True):
+            to_detection_rows(
+                raw,
+                scale_x=dec.scale_x,
+                scale_y=dec.scale_y,
+                width=dec.width,
+                height=dec.height,
+                meta=model.meta,
+                score_threshold=model.meta.score_threshold,
+            )
+
+
+def _ceiling_process(
+    model_path: Path, photos: list[Path], micro_batch: int, fast: bool, barrier: Barrier, out: Any
+) -> None:
+    torch.set_num_threads(1)
+    model = load_model_for_device(model_path, "cpu")
+    _detect_share(model, photos[:micro_batch], micro_batch, fast)  # warm, as a worker is
+    barrier.wait()
+    began = time.perf_counter()
+    _detect_share(model, photos, micro_batch, fast)
+    out.put(time.perf_counter() - began)
+
+
+def ceiling(model_path: Path, photos: Sequence[Path], micro_batch: int = 8, fast: bool = False) -> float:
+    """Images/s of one single-threaded process per core, each over its share in micro-batches, with detq's
+    own decode and model code and nothing else: what detq could reach with zero framework cost."""
+    cores = len(os.sched_getaffinity(0))
+    context = multiprocessing.get_context("spawn")
+    barrier, out = context.Barrier(cores), context.Queue()
+    shares = [list(photos[i::cores]) for i in range(cores)]
+    processes = [
+        context.Process(target=_ceiling_process, args=(model_path, share, micro_batch, fast, barrier, out))
+        for share in shares
+    ]
+    for process in processes:
+        process.start()
+    elapsed: list[float] = [out.get(timeout=3600) for _ in processes]
+    for process in processes:
+        process.join()
+    return len(photos) / max(elapsed)

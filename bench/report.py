@@ -1,0 +1,70 @@
+"""The benchmark's table (with ratios), its JSON and its chart."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+NAIVE, CEILING, RAY = "naive loop", "in-process ceiling", "Ray Data"
+
+
+def _ratio(value: float, base: float | None) -> str:
+    return f"{value / base:.2f}x" if base else "-"
+
+
+def table(results: dict[str, dict[str, list[float]]]) -> str:
+    """Markdown: per workload, each runner's images/s (every run, best), against the naive loop, the
+    ceiling and Ray Data (best against best: every runner ran interleaved in the same invocation)."""
+    lines = [
+        "| workload | runner | images/s (runs) | best | vs naive | vs ceiling | vs Ray Data |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for workload, runners in results.items():
+        best = {name: max(rates) for name, rates in runners.items() if rates}
+        for name, rates in runners.items():
+            runs = ", ".join(f"{r:.1f}" for r in rates)
+            lines.append(
+                f"| {workload} | {name} | {runs} | {best[name]:.1f} | {_ratio(best[name], best.get(NAIVE))} "
+                f"| {_ratio(best[name], best.get(CEILING))} | {_ratio(best[name], best.get(RAY))} |"
+            )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def write(out: Path, report: dict[str, Any]) -> None:
+    """bench.json, bench.md (the table) and, with matplotlib, bench.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    (out / "bench.md").write_text(table(report["images_per_s"]) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    workloads = report["images_per_s"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for axis, (workload, runners) in zip(axes[0], workloads.items(), strict=True):
+        names = [n for n, rates in runners.items() if rates]
+        axis.barh(names, [max(runners[n]) for n in names], color="#4c72b0")
+        axis.set_title(workload)
+        axis.set_xlabel("images/s (best run)")
+        axis.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=100)
+    plt.close(fig)
