@@ -22,17 +22,19 @@ from tests.support import save_fixed_box_model, save_torchvision_detector
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"1280x960": (1280, 960), "12MP": (4000, 3000)}
+YOLO_CLASS_BIAS = "-3.5"  # a few boxes an image, where SSDlite's random weights give 300
+OPT_INS = {"DETQ_FAST_DECODE": "true", "DETQ_CPU_OPTIMIZE": "true"}
 
 
 def build_models(work: Path, names: list[str]) -> dict[str, Path]:
-    """SSDlite (scripted torchvision, random weights: up to 300 boxes an image) and a YOLOv8n export."""
+    """SSDlite (scripted torchvision, random weights: up to 300 boxes an image), a YOLOv8n export at 640."""
     models: dict[str, Path] = {}
     if "ssdlite" in names:
         models["ssdlite"] = save_torchvision_detector(work / "ssdlite.pt", "ssdlite")
     if "yolov8" in names:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         done = subprocess.run(
-            [sys.executable, "-m", "bench.yolo_export", str(work / "yolo"), "640"],
+            [sys.executable, "-m", "bench.yolo_export", str(work / "yolo"), "640", YOLO_CLASS_BIAS],
             capture_output=True,
             text=True,
             check=True,
@@ -52,6 +54,10 @@ def runners(
         report.CEILING: lambda: loops.ceiling(model, photos),
         "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra),
         "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(model, folder, work, cores, extra),
+        # The two opt-ins that change numbers (docs/models.md#exact-preprocessing), to show what they buy.
+        "detq Redis + PostgreSQL, opt-ins": lambda: deployments.detq_redis_postgres(
+            model, folder, work, cores, {**extra, **OPT_INS}
+        ),
     }
     if ray:
         found[report.RAY] = lambda: ray_data.ray_data(model, photos)
@@ -61,6 +67,7 @@ def runners(
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
+    # Batches of 8 on every core: counts that are multiples of 8 x cores keep every process busy to the end.
     parser.add_argument("--large-images", type=int, default=32, help="12 MP photos per run (0: none)")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--models", default="ssdlite,yolov8")
@@ -89,29 +96,37 @@ def main() -> int:
         }
         for workload, named in plan.items():
             results[workload] = {name: [] for name in named}
+
+        def save() -> dict[str, Any]:  # after every step: a late failure keeps what was measured
+            summary = {
+                "command": " ".join(["python -m bench", *sys.argv[1:]]),
+                "machine": report.machine(),
+                "seconds": round(time.time() - started),
+                "images_per_s": {
+                    w: {n: [round(r, 2) for r in rs] for n, rs in named.items()}
+                    for w, named in results.items()
+                },
+                **extras,
+            }
+            report.write(args.out, summary)
+            return summary
+
         for round_ in range(args.repeat):  # interleaved: a drift in machine load hits every runner alike
             for workload, named in plan.items():
                 for name, run in named.items():
                     rate = run()
                     results[workload][name].append(rate)
                     print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
+            save()
         extras.update(framework_overhead(work, args.repeat))
         extras["detections_per_s"] = {
             "postgresql": round(writes.postgres_detections_per_s()),
             "sqlite": round(writes.sqlite_detections_per_s()),
         }
+        save()
         if args.enqueue_files:
             extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
-    summary = {
-        "command": " ".join(["python -m bench", *sys.argv[1:]]),
-        "machine": report.machine(),
-        "seconds": round(time.time() - started),
-        "images_per_s": {
-            w: {n: [round(r, 2) for r in rs] for n, rs in named.items()} for w, named in results.items()
-        },
-        **extras,
-    }
-    report.write(args.out, summary)
+        summary = save()
     print(report.table(summary["images_per_s"]))
     print({k: v for k, v in summary.items() if k not in ("images_per_s",)})
     return 0

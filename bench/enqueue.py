@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,14 +20,21 @@ _PEAK = (
 )
 
 
+LINKS_PER_FILE = 30_000  # ext4 allows 65,000 links to one file
+
+
 def write_folder(folder: Path, count: int, sample: Path) -> Path:
-    """count image files (hard links to one JPEG: the scan sees count files, the disk holds one)."""
+    """count image files, hard links to copies of one JPEG: the scan sees count files, the disk a few."""
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
         link = folder / f"{i // 1000:03d}" / f"img{i:06d}.jpg"
         link.parent.mkdir(exist_ok=True)
-        if not link.exists():
-            os.link(sample, link)
+        if link.exists():
+            continue
+        source = folder.with_name(f"{folder.name}-source{i // LINKS_PER_FILE}.jpg")  # outside the scan
+        if not source.exists():
+            shutil.copyfile(sample, source)
+        os.link(source, link)
     return folder
 
 

@@ -1,6 +1,6 @@
 """A YOLOv8n TorchScript export made by Ultralytics itself from its packaged yaml: no weights downloaded.
 
-Run in its own process (python -m bench.yolo_export WORKDIR [INPUT]): importing ultralytics patches
+Run in its own process (python -m bench.yolo_export WORKDIR [INPUT [BIAS]]): importing ultralytics patches
 PIL.Image.open for the rest of the process. Prints the export's path.
 """
 
@@ -19,9 +19,9 @@ from PIL import Image
 from bench.photos import write_photo
 
 
-def calibrated_yolov8n(ultralytics: Any, work: Path, size: int) -> Any:
+def calibrated_yolov8n(ultralytics: Any, work: Path, size: int, bias: float = -2.0) -> Any:
     """YOLOv8n with batch norm calibrated on photos like the benchmark's, and a class head that scores some
-    boxes above 0.25: random weights otherwise find nothing."""
+    boxes above 0.25 (fewer the lower the bias): random weights otherwise find nothing."""
     torch.manual_seed(0)
     yolo = ultralytics.YOLO("yolov8n.yaml")
     net = yolo.model
@@ -40,7 +40,7 @@ def calibrated_yolov8n(ultralytics: Any, work: Path, size: int) -> Any:
     net.eval()
     for head in net.model[-1].cv3:
         torch.nn.init.normal_(head[-1].weight, std=0.05)
-        torch.nn.init.constant_(head[-1].bias, -2.0)
+        torch.nn.init.constant_(head[-1].bias, bias)
     return yolo
 
 
@@ -54,13 +54,15 @@ def prepare_ultralytics(work: Path) -> Any:
     return ultralytics
 
 
-def export_yolov8n(ultralytics: Any, work: Path, size: int = 320) -> Path:
+def export_yolov8n(ultralytics: Any, work: Path, size: int = 320, bias: float = -2.0) -> Path:
     """The TorchScript export's path."""
-    exported = calibrated_yolov8n(ultralytics, work, size).export(format="torchscript", imgsz=size)
+    exported = calibrated_yolov8n(ultralytics, work, size, bias).export(format="torchscript", imgsz=size)
     return Path(exported).resolve()
 
 
 if __name__ == "__main__":
     folder = Path(sys.argv[1]).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    print(export_yolov8n(prepare_ultralytics(folder), folder, int(sys.argv[2]) if len(sys.argv) > 2 else 320))
+    size = int(sys.argv[2]) if len(sys.argv) > 2 else 320
+    bias = float(sys.argv[3]) if len(sys.argv) > 3 else -2.0
+    print(export_yolov8n(prepare_ultralytics(folder), folder, size, bias))

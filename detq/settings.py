@@ -76,6 +76,13 @@ class Settings(BaseSettings):
             " pixels, and so some boxes, differ from the model's reference preprocessing (docs/models.md)."
         ),
     )
+    cpu_optimize: bool = Field(
+        default=False,
+        description=(
+            "Freeze TorchScript models and optimise them for CPU inference: faster, but scores move by about"
+            " 1e-6, so a box right at a threshold may flip (docs/models.md)."
+        ),
+    )
     max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Larger files are rejected.")
     task_soft_time_limit: int = Field(

@@ -78,6 +78,7 @@ class PoolBootstrap:
                 device,
                 sha256=self.model_sha256,
                 overrides=meta_overrides(self.settings),
+                cpu_optimize=self.settings.cpu_optimize,
             )
             runtime = WorkerRuntime(
                 settings=self.settings,

@@ -64,7 +64,12 @@ class WorkerRuntime:
                 f"job's model {sha256[:12]} ({path}) is not on host {socket.gethostname()}; "
                 "copy it there or run this job on workers that have it"
             )
-        loaded = load_model_for_device(candidate, self.device, overrides=meta_overrides(self.settings))
+        loaded = load_model_for_device(
+            candidate,
+            self.device,
+            overrides=meta_overrides(self.settings),
+            cpu_optimize=self.settings.cpu_optimize,
+        )
         if loaded.sha256 != sha256:
             raise ModelLoadError(f"{path} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}")
         self.model_loads += 1

@@ -17,7 +17,9 @@ from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind
 from detq.vocabulary import ModelFormat
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, adapter_for
+from worker.models.introspect import torchvision_input_size
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
+from worker.models.optimize import optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
 from worker.models.ultralytics import parse_ultralytics_config
 from worker.models.yolo import guess_layout, yolo_tensor
@@ -107,7 +109,10 @@ def _guess_format(module: Any, meta: ModelMeta, device: torch.device) -> tuple[M
     """No format in the metadata: try the torchvision contract, then a fixed-size batch; read the output."""
     height, width = meta.input_size or TORCHVISION_PROBE_SIZE
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # A warning is no verdict on the contract (scripted SSD warns on every call), even where
+            # warnings are errors.
+            warnings.simplefilter("ignore")
             parse_torchvision_output(module([torch.zeros(3, height, width, device=device)]), expected=1)
         return meta.with_format(ModelFormat.TORCHVISION), "guessed torchvision from its list-of-dicts output"
     except Exception:  # noqa: BLE001 - not a torchvision-style model; try a fixed-size batch next
@@ -151,9 +156,15 @@ def _warm_up_and_probe_batch(
 
 
 def load_model_for_device(
-    path: Path, device: str, *, sha256: str | None = None, overrides: MetaOverrides | None = None
+    path: Path,
+    device: str,
+    *,
+    sha256: str | None = None,
+    overrides: MetaOverrides | None = None,
+    cpu_optimize: bool = False,
 ) -> LoadedModel:
-    """Load with the device remapped, repair baked device constants, settle the format, warm up once."""
+    """Load with the device remapped, repair baked device constants, settle the format, warm up once;
+    with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -187,6 +198,13 @@ def load_model_for_device(
             log.warning("detq: %s has no format in its metadata: %s", path.name, note)
         if meta.fixed_input:
             meta = meta.with_yolo_defaults()
+        elif meta.input_size is None and (size := torchvision_input_size(module)) is not None:
+            # Read from the model's own transform: the target of DETQ_FAST_DECODE's reduced decode.
+            meta = meta.model_copy(update={"input_size": size})
+            notes.append(f"input size {size[0]}x{size[1]} read from the model's transform")
+        if cpu_optimize and target.type == "cpu":
+            module, note = optimized_for_cpu(module, path.name)
+            notes.append(note)
         adapter = adapter_for(meta)
         max_batch = _warm_up_and_probe_batch(module, adapter, meta, target)
         if target.type == "cuda":

@@ -1,0 +1,24 @@
+"""What a loaded torchvision detector says about its own input: the size its transform resizes toward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def torchvision_input_size(module: Any) -> tuple[int, int] | None:
+    """(height, width) a torchvision detector's GeneralizedRCNNTransform resizes to or toward: its fixed_size
+    (stored as width, height), else its shortest min_size on both sides; None for any other model."""
+    transform = getattr(module, "transform", None)
+    if transform is None:
+        return None
+    fixed = getattr(transform, "fixed_size", None)
+    if (
+        isinstance(fixed, tuple | list)
+        and len(fixed) == 2
+        and all(isinstance(v, int) and v > 0 for v in fixed)
+    ):
+        return int(fixed[1]), int(fixed[0])
+    smallest = getattr(transform, "min_size", None)
+    sizes = smallest if isinstance(smallest, tuple | list) else (smallest,)
+    valid = [int(v) for v in sizes if isinstance(v, int) and v > 0]
+    return (min(valid), min(valid)) if valid else None
