@@ -57,18 +57,28 @@ def detq_embedded(model: Path, photos: Path, base: Path, processes: int, extra: 
     return run_job(Deployment(data_dir=data, model=model, extra=extra), photos, processes)
 
 
-def detq_redis_postgres(
-    model: Path, photos: Path, base: Path, processes: int, extra: dict[str, str]
-) -> float:
-    """The scaled-out deployment: Redis broker, PostgreSQL ledger (migrated first)."""
+@contextmanager
+def redis_postgres(
+    base: Path, name: str, model: Path, extra: dict[str, str] | None = None
+) -> Iterator[Deployment]:
+    """A deployment on an emptied Redis database and a fresh, migrated PostgreSQL one."""
     _flush_redis()
     with fresh_postgres() as url:
         deployment = Deployment(
-            data_dir=base / f"redis-pg-{time.monotonic_ns()}",
+            data_dir=base / f"{name}-{time.monotonic_ns()}",
             database_url=url,
             broker_url=REDIS_URL,
             model=model,
-            extra=extra,
+            extra=extra or {},
         )
         deployment.run("db", "upgrade")
+        yield deployment
+    _flush_redis()
+
+
+def detq_redis_postgres(
+    model: Path, photos: Path, base: Path, processes: int, extra: dict[str, str]
+) -> float:
+    """The scaled-out deployment: Redis broker, PostgreSQL ledger."""
+    with redis_postgres(base, "redis-pg", model, extra) as deployment:
         return run_job(deployment, photos, processes)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.deployments import REDIS_URL, fresh_postgres
+from bench.deployments import redis_postgres
 from tests.integration.harness import DETQ, Deployment
 
 # Runs a command and prints its peak resident memory (KiB, Linux) after its own output.
@@ -60,17 +60,5 @@ def enqueue_embedded(model: Path, folder: Path, base: Path) -> tuple[float, floa
 
 
 def enqueue_redis_postgres(model: Path, folder: Path, base: Path) -> tuple[float, float]:
-    import redis
-
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    with fresh_postgres() as url:
-        deployment = Deployment(
-            data_dir=base / f"enqueue-pg-{time.monotonic_ns()}",
-            database_url=url,
-            broker_url=REDIS_URL,
-            model=model,
-        )
-        deployment.run("db", "upgrade")
-        rate = enqueue_rate(deployment, folder)
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    return rate
+    with redis_postgres(base, "enqueue-pg", model) as deployment:
+        return enqueue_rate(deployment, folder)

@@ -16,7 +16,7 @@ from PIL import Image
 from worker.decode import decode_image
 from worker.inference import forward_images
 from worker.models.loading import LoadedModel, load_model_for_device
-from worker.rows import to_detection_rows
+from worker.rows import decoded_rows, to_detection_rows
 
 LIMITS = {"max_pixels": 10**9, "max_bytes": 10**10}
 
@@ -46,15 +46,7 @@ def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, 
     for start in range(0, len(photos), micro_batch):
         decoded = [decode_image(p, target_size=target, **LIMITS) for p in photos[start : start + micro_batch]]
         for dec, raw in zip(decoded, forward_images(model, [d.image for d in decoded]), strict=True):
-            to_detection_rows(
-                raw,
-                scale_x=dec.scale_x,
-                scale_y=dec.scale_y,
-                width=dec.width,
-                height=dec.height,
-                meta=model.meta,
-                score_threshold=model.meta.score_threshold,
-            )
+            decoded_rows(raw, dec, model.meta)
 
 
 def _ceiling_process(

@@ -15,7 +15,7 @@ from worker.decode import DecodedImage, ImageRejected, ImageUnreadable, decode_i
 from worker.inference import InferenceOutcome, run_model
 from worker.models.loading import LoadedModel
 from worker.paths import PathRejected, open_confined
-from worker.rows import to_detection_rows
+from worker.rows import decoded_rows
 from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -102,15 +102,7 @@ def result_for(
             decode_ms=decode_ms,
             infer_ms=outcome.infer_ms,
         )
-    rows = to_detection_rows(
-        outcome.detections,
-        scale_x=dec.scale_x,
-        scale_y=dec.scale_y,
-        width=dec.width,
-        height=dec.height,
-        meta=model.meta,
-        score_threshold=model.meta.score_threshold,  # settings and CLI overrides are folded in
-    )
+    rows = decoded_rows(outcome.detections, dec, model.meta)  # settings and CLI overrides folded into meta
     return ImageResult(
         image_id=image.id,
         status=ImageStatus.DONE,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from db.images_repo import DetectionRow
+from worker.decode import DecodedImage
 from worker.models.metadata import ModelMeta
 from worker.models.outputs import RawDetections
 
@@ -36,4 +37,17 @@ def to_detection_rows(
         for (x1, y1, x2, y2), label_id, score in zip(
             boxes[order].tolist(), labels[order].tolist(), scores[order].tolist(), strict=True
         )
+    )
+
+
+def decoded_rows(raw: RawDetections, decoded: DecodedImage, meta: ModelMeta) -> tuple[DetectionRow, ...]:
+    """One decoded image's detections as ledger rows, at the model's score threshold (overrides folded in)."""
+    return to_detection_rows(
+        raw,
+        scale_x=decoded.scale_x,
+        scale_y=decoded.scale_y,
+        width=decoded.width,
+        height=decoded.height,
+        meta=meta,
+        score_threshold=meta.score_threshold,
     )

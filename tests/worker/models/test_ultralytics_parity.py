@@ -16,7 +16,7 @@ import torch
 from worker.decode import decode_image
 from worker.inference import forward_images
 from worker.models.loading import LoadedModel, load_model_for_device
-from worker.rows import to_detection_rows
+from worker.rows import decoded_rows
 
 REFERENCE = Path(__file__).with_name("ultralytics_reference.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,15 +55,7 @@ def ordered(detections: list[Detection]) -> list[Detection]:
 def detq_detections(model: LoadedModel, photo: Path) -> list[Detection]:
     decoded = decode_image(photo, target_size=None, max_pixels=10**8, max_bytes=10**8)  # the default decode
     (raw,) = forward_images(model, [decoded.image])
-    rows = to_detection_rows(
-        raw,
-        scale_x=decoded.scale_x,
-        scale_y=decoded.scale_y,
-        width=decoded.width,
-        height=decoded.height,
-        meta=model.meta,
-        score_threshold=model.meta.score_threshold,
-    )
+    rows = decoded_rows(raw, decoded, model.meta)
     return ordered([(r.score, r.label_id, (r.x1, r.y1, r.x2, r.y2)) for r in rows])
 
 
