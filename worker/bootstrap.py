@@ -60,6 +60,7 @@ class PoolBootstrap:
         for engine in self.parent_engines:
             engine.dispose(close=False)  # SQLAlchemy's recipe for pools inherited through fork
         try:
+            import cv2
             import torch
             from billiard.process import current_process
             from PIL import Image
@@ -70,6 +71,7 @@ class PoolBootstrap:
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
             torch.set_num_threads(self.threads)
+            cv2.setNumThreads(self.threads)  # its resize would otherwise use every core in every process
             if device.startswith("cuda"):
                 torch.cuda.set_device(torch.device(device))
             Image.MAX_IMAGE_PIXELS = self.settings.max_image_pixels
