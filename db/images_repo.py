@@ -6,13 +6,13 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import CursorResult, Table, bindparam, func, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows
-from db.jobs_repo import close_enqueue, close_job_if_complete
+from db.jobs_repo import close_enqueue, close_job_if_complete, end_pending_images
 from db.models import Detection, Image, Job, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
@@ -191,16 +191,9 @@ def record_results(
 def abandon_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:
     """An enqueue that cannot go on (its broker went away): pending images fail with reason, the job
     closes; returns how many images failed. Copies already queued then find them finished."""
-    outcome = cast(
-        "CursorResult[Any]",
-        session.execute(
-            update(Image)
-            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
-            .values(status=ImageStatus.FAILED.value, reason=reason, finished_at=now)
-        ),
-    )
+    failed = end_pending_images(session, job_id, ImageStatus.FAILED, reason, now)
     close_enqueue(session, job_id, reason, now)
-    return outcome.rowcount
+    return failed
 
 
 def pending_image_ids(session: Session, job_id: int) -> list[int]:

@@ -73,14 +73,7 @@ CANCELLED_REASON = "cancelled"
 def cancel_job(session: Session, job_id: int, now: datetime) -> int:
     """Cancel a job: its pending images end cancelled (queued copies then find nothing to do), a scan in
     progress stops adding to it, and it finishes; returns how many images were cancelled."""
-    outcome = cast(
-        "CursorResult[Any]",
-        session.execute(
-            update(Image)
-            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
-            .values(status=ImageStatus.CANCELLED.value, reason=CANCELLED_REASON, finished_at=now)
-        ),
-    )
+    cancelled = end_pending_images(session, job_id, ImageStatus.CANCELLED, CANCELLED_REASON, now)
     recorded = session.scalar(select(func.count()).select_from(Image).where(Image.job_id == job_id)) or 0
     session.execute(
         update(Job)
@@ -89,6 +82,19 @@ def cancel_job(session: Session, job_id: int, now: datetime) -> int:
     )
     session.execute(update(Job).where(Job.id == job_id, Job.enqueued_at.is_(None)).values(enqueued_at=now))
     close_job_if_complete(session, job_id, now)
+    return cancelled
+
+
+def end_pending_images(session: Session, job_id: int, status: ImageStatus, reason: str, now: datetime) -> int:
+    """Every pending image of the job ends with this status and reason; returns how many."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Image)
+            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
+            .values(status=status.value, reason=reason, finished_at=now)
+        ),
+    )
     return outcome.rowcount
 
 

@@ -65,8 +65,7 @@ class PoolBootstrap:
             from billiard.process import current_process
             from PIL import Image
 
-            from worker.models.loading import load_model_for_device
-            from worker.runtime import WorkerRuntime, meta_overrides
+            from worker.runtime import WorkerRuntime, load_configured
 
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
@@ -75,13 +74,7 @@ class PoolBootstrap:
             if device.startswith("cuda"):
                 torch.cuda.set_device(torch.device(device))
             Image.MAX_IMAGE_PIXELS = self.settings.max_image_pixels
-            model = load_model_for_device(
-                self.settings.model,
-                device,
-                sha256=self.model_sha256,
-                overrides=meta_overrides(self.settings),
-                cpu_optimize=self.settings.cpu_optimize,
-            )
+            model = load_configured(self.settings, self.settings.model, device, self.model_sha256)
             runtime = WorkerRuntime(
                 settings=self.settings,
                 # A ledger of its own: pooled connections must never cross a fork.

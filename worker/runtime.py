@@ -64,12 +64,7 @@ class WorkerRuntime:
                 f"job's model {sha256[:12]} ({path}) is not on host {socket.gethostname()}; "
                 "copy it there or run this job on workers that have it"
             )
-        loaded = load_model_for_device(
-            candidate,
-            self.device,
-            overrides=meta_overrides(self.settings),
-            cpu_optimize=self.settings.cpu_optimize,
-        )
+        loaded = load_configured(self.settings, candidate, self.device)
         if loaded.sha256 != sha256:
             raise ModelLoadError(f"{path} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}")
         self.model_loads += 1
@@ -89,6 +84,13 @@ class WorkerRuntime:
         if self.decode_executor is not None:
             self.decode_executor.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
+
+
+def load_configured(settings: Settings, path: Path, device: str, sha256: str | None = None) -> LoadedModel:
+    """A model loaded as these settings ask: metadata overrides, and DETQ_CPU_OPTIMIZE."""
+    return load_model_for_device(
+        path, device, sha256=sha256, overrides=meta_overrides(settings), cpu_optimize=settings.cpu_optimize
+    )
 
 
 def meta_overrides(settings: Settings) -> MetaOverrides:
