@@ -23,15 +23,20 @@ class OpenBatch:
     batch_size: int
     pending: int
     missing_since: datetime | None
+    sent_at: datetime | None = None  # its last send (first, again, or a backup copy)
 
 
 def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: datetime) -> list[int]:
-    """One row per batch of these sizes; their ids, in order."""
-    if not sizes:
-        return []
-    rows = [{"job_id": job_id, "size": size, "created_at": now, "sends": 0} for size in sizes]
-    statement = insert(Batch).returning(Batch.id, sort_by_parameter_order=True)
-    return list(session.scalars(statement, rows))
+    """One row per batch of these sizes; their ids, in the order of sizes.
+
+    New batches of one size are interchangeable, so each size is one multi-row INSERT ... RETURNING in any
+    order (an ordered RETURNING makes SQLite insert row by row).
+    """
+    fresh: dict[int, list[int]] = {}
+    for size in sorted(set(sizes)):
+        rows = [{"job_id": job_id, "size": size, "created_at": now, "sends": 0} for s in sizes if s == size]
+        fresh[size] = sorted(session.scalars(insert(Batch).returning(Batch.id), rows), reverse=True)
+    return [fresh[size].pop() for size in sizes]
 
 
 def mark_sent(session: Session, batch_ids: Sequence[int], now: datetime) -> None:
@@ -53,7 +58,15 @@ def set_missing(session: Session, batch_ids: Sequence[int], since: datetime | No
 def open_batches(session: Session, job_id: int | None = None) -> list[OpenBatch]:
     """Batches with pending images, of jobs fully enqueued and not finished (of one job, if given)."""
     query = (
-        select(Image.batch_id, Image.job_id, Job.pool, Job.batch_size, func.count(), Batch.missing_since)
+        select(
+            Image.batch_id,
+            Image.job_id,
+            Job.pool,
+            Job.batch_size,
+            func.count(),
+            Batch.missing_since,
+            Batch.sent_at,
+        )
         .join(Job, Job.id == Image.job_id)
         .outerjoin(Batch, Batch.id == Image.batch_id)
         .where(
@@ -61,7 +74,7 @@ def open_batches(session: Session, job_id: int | None = None) -> list[OpenBatch]
             Job.finished_at.is_(None),
             Job.enqueued_complete.is_(True),
         )
-        .group_by(Image.batch_id, Image.job_id, Job.pool, Job.batch_size, Batch.missing_since)
+        .group_by(Image.batch_id, Image.job_id, Job.pool, Job.batch_size, Batch.missing_since, Batch.sent_at)
         .order_by(Image.job_id, Image.batch_id)
     )
     if job_id is not None:

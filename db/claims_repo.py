@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select, update
@@ -34,6 +34,7 @@ class ClaimView:
     free: list[Claimable]
     busy: int
     found: int = 0  # the job's images among the ids asked for, whatever their status
+    held: list[Claimable] = field(default_factory=list)  # the busy ones: a live process is on them
 
 
 def claimable_images(
@@ -79,7 +80,7 @@ def claimable_images(
     dead = [w.id for w in claimers.values() if w.stopped_at is None and not still_running(w)]
     close_worker(session, dead, now, LOST)
     free: list[Claimable] = []
-    busy = 0
+    held: list[Claimable] = []
     for image in images:
         claimer = claimers.get(image.claimed_by) if image.claimed_by is not None else None
         holds = (
@@ -91,11 +92,8 @@ def claimable_images(
             and claimer.current_batch_id is not None
             and claimer.current_batch_id == image.batch_id
         )
-        if holds:
-            busy += 1
-        else:
-            free.append(image)
-    return ClaimView(free=free, busy=busy, found=found or 0)
+        (held if holds else free).append(image)
+    return ClaimView(free=free, busy=len(held), found=found or 0, held=held)
 
 
 def claim(

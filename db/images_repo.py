@@ -70,27 +70,50 @@ class PendingImage:
     status: str
 
 
+# The columns a new image row is written with (COPY sets no defaults), and their values.
+IMAGE_COLUMNS = tuple(
+    "job_id path size_bytes mtime root_index batch_id status reason finished_at attempts".split()
+)
+
+
+def _image_row(job_id: int, image: NewImage, now: datetime) -> tuple[object, ...]:
+    """Values of IMAGE_COLUMNS for one new image (a refused one ends rejected with its reason now)."""
+    status = ImageStatus.REJECTED.value if image.rejected else ImageStatus.PENDING.value
+    finished = now if image.rejected else None
+    row = (job_id, image.path, image.size_bytes, image.mtime, image.root_index, image.batch_id, status)
+    return (*row, image.rejected, finished, 0)
+
+
 def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> list[int]:
-    """Insert rows in one bulk INSERT ... RETURNING; the new ids in the order of images."""
+    """Insert rows in one INSERT ... RETURNING; the new ids in the order of images (for a few rows)."""
     if not images:
         return []
     now = utcnow()
-    rows = [
-        {
-            "job_id": job_id,
-            "path": image.path,
-            "size_bytes": image.size_bytes,
-            "mtime": image.mtime,
-            "root_index": image.root_index,
-            "batch_id": image.batch_id,
-            "status": ImageStatus.REJECTED.value if image.rejected else ImageStatus.PENDING.value,
-            "reason": image.rejected,
-            "finished_at": now if image.rejected else None,
-        }
-        for image in images
-    ]
+    rows = [dict(zip(IMAGE_COLUMNS, _image_row(job_id, image, now), strict=True)) for image in images]
     statement = insert(Image).returning(Image.id, sort_by_parameter_order=True)
     return list(session.scalars(statement, rows))
+
+
+def insert_batched_images(session: Session, job_id: int, images: Sequence[NewImage]) -> dict[int, list[int]]:
+    """Insert many rows in one bulk write (COPY on PostgreSQL); the new ids of each batch, ascending.
+
+    Ordered RETURNING makes SQLite insert row by row; a bulk write and one read by batch id do not.
+    The batches must be new (no other rows point at them); refused images (no batch) are inserted too.
+    """
+    if not images:
+        return {}
+    now = utcnow()
+    insert_rows(
+        session, cast(Table, Image.__table__), IMAGE_COLUMNS, [_image_row(job_id, i, now) for i in images]
+    )
+    batch_ids = sorted({image.batch_id for image in images if image.batch_id is not None})
+    ids: dict[int, list[int]] = {batch_id: [] for batch_id in batch_ids}
+    rows = session.execute(
+        select(Image.batch_id, Image.id).where(Image.batch_id.in_(batch_ids)).order_by(Image.id)
+    ).tuples()
+    for batch_id, image_id in rows:
+        ids[cast(int, batch_id)].append(image_id)
+    return ids
 
 
 def load_images(session: Session, job_id: int, image_ids: Sequence[int]) -> list[PendingImage]:
@@ -114,7 +137,20 @@ def record_results(
     worker: str,
     device: str,
 ) -> int:
-    """Finalise pending images with their results, idempotently; returns how many were newly finalised.
+    """finalise_results, returning how many images were newly finalised."""
+    return len(finalise_results(session, job_id, model_id, results, worker=worker, device=device))
+
+
+def finalise_results(
+    session: Session,
+    job_id: int,
+    model_id: int,
+    results: Sequence[ImageResult],
+    *,
+    worker: str,
+    device: str,
+) -> set[int]:
+    """Finalise pending images with their results, idempotently; returns the ids newly finalised.
 
     Only images still pending, locked first, move to their terminal state and get detections, so a batch
     delivered twice, or raced by two workers, writes each image's detections once and never overwrites a
@@ -144,7 +180,7 @@ def record_results(
     )
     finalised = [r for r in ordered if r.image_id in still_pending]
     if not finalised:
-        return 0
+        return set()
     images = cast(Table, Image.__table__)
     session.execute(
         update(images)
@@ -185,7 +221,7 @@ def record_results(
     )
     session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
     close_job_if_complete(session, job_id, now)
-    return len(finalised)
+    return {r.image_id for r in finalised}
 
 
 def abandon_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:

@@ -49,8 +49,10 @@ def batches_of(ids: list[int], batch_size: int) -> list[list[int]]:
 
 
 # A batch message's Celery task id names its ledger batch, so a copy in the broker can be told from a
-# lost one; a batch sent again keeps its task id.
+# lost one; a batch sent again keeps its task id. A backup (a second copy sent at a queue's tail, for an
+# idle worker to race a slow one) has its own id, so both can be told apart.
 TASK_ID_PREFIX = "detq-batch-"
+BACKUP_SUFFIX = "-backup"
 
 
 def task_id_for(batch_id: int) -> str:
@@ -58,11 +60,21 @@ def task_id_for(batch_id: int) -> str:
     return f"{TASK_ID_PREFIX}{batch_id}"
 
 
+def backup_task_id_for(batch_id: int) -> str:
+    """The task id of a batch's backup copy."""
+    return f"{TASK_ID_PREFIX}{batch_id}{BACKUP_SUFFIX}"
+
+
+def is_backup(task_id: str | None) -> bool:
+    """True for the task id of a backup copy."""
+    return batch_id_of(task_id) is not None and str(task_id).endswith(BACKUP_SUFFIX)
+
+
 def batch_id_of(task_id: str | None) -> int | None:
-    """The batch a task id names, or None for a task id detq did not make."""
+    """The batch a task id names (a backup's too), or None for a task id detq did not make."""
     if not task_id or not task_id.startswith(TASK_ID_PREFIX):
         return None
-    tail = task_id[len(TASK_ID_PREFIX) :]
+    tail = task_id[len(TASK_ID_PREFIX) :].removesuffix(BACKUP_SUFFIX)
     return int(tail) if tail.isdigit() else None
 
 

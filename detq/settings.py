@@ -138,6 +138,10 @@ class Settings(BaseSettings):
         le=3600,
         description="A worker not seen for this long is dead: its batches are given back and sent again.",
     )
+    backups: bool = Field(
+        default=True,
+        description="At a queue's tail, an idle worker races a busy one on its running batches; first wins.",
+    )
     scheduler_lease_seconds: float = Field(
         default=30.0,
         ge=0.5,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -19,11 +20,12 @@ from db.batches_repo import (
 )
 from db.jobs_repo import close_enqueue, stale_enqueues
 from db.ledger import Ledger
-from db.models import as_utc, utcnow
+from db.models import WorkerRecord, as_utc, utcnow
 from db.retry import in_transaction
 from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
-from detq.contract import batch_id_of, batches_of, task_id_for
+from detq.contract import batch_id_of, batches_of, is_backup, task_id_for
 from detq.settings import Settings
+from dispatch.backups import NodeLoad, backups_to_send, node_loads
 from dispatch.broker import BrokerView, read_broker, restore_unacked
 from dispatch.send import send_batch
 
@@ -40,6 +42,7 @@ class ReconcileReport:
     resent_batches: int = 0
     resent_images: int = 0
     waiting: int = 0  # batches missing, within their grace period
+    backups: int = 0  # copies sent at a queue's tail for idle workers
 
     @property
     def acted(self) -> bool:
@@ -47,10 +50,8 @@ class ReconcileReport:
         return bool(self.lost_workers or self.closed_jobs or self.restored or self.resent_batches)
 
 
-def held_task_ids(ledger: Ledger, seen_since: datetime) -> set[str]:
+def held_task_ids(workers: Sequence[WorkerRecord]) -> set[str]:
     """Task ids live workers hold: reserved or running in a node, or being processed by a pool process."""
-    with ledger.sessions() as session:
-        workers = live_workers(session, seen_since)
     held: set[str] = set()
     for worker in workers:
         if worker.role == ROLE_NODE:
@@ -117,6 +118,33 @@ def _resend(ledger: Ledger, app: Celery, batch: OpenBatch, batch_id: int, now: d
     return len(ids)
 
 
+def _send_backups(
+    ledger: Ledger,
+    app: Celery,
+    batches: Sequence[OpenBatch],
+    nodes: Sequence[NodeLoad],
+    queued: set[str],
+    now: datetime,
+    grace_s: float,
+) -> int:
+    chosen = backups_to_send(batches, nodes, queued, now, min_age_s=grace_s)
+    for batch in chosen:
+        assert batch.batch_id is not None
+        ids = in_transaction(
+            ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch.batch_id)
+        )
+        if ids:
+            send_batch(
+                app, job_id=batch.job_id, batch_id=batch.batch_id, image_ids=ids, pool=batch.pool, backup=True
+            )
+    if chosen:
+        in_transaction(
+            ledger.sessions, lambda s: mark_sent(s, [b.batch_id for b in chosen if b.batch_id], now)
+        )
+        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(chosen))
+    return len(chosen)
+
+
 def reconcile(
     ledger: Ledger,
     app: Celery,
@@ -141,13 +169,17 @@ def reconcile(
         return report
     for batch in [b for b in batches if b.batch_id is None]:
         batches.extend(_batch_unbatched(ledger, batch, now))
-    held = held_task_ids(ledger, now - timedelta(seconds=settings.worker_timeout))
+    with ledger.sessions() as session:
+        workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
+    held = held_task_ids(workers)
     view = read_broker(app, settings)
     if not view.visible:
         return report  # RabbitMQ and others redeliver a dead consumer's messages themselves
     restored = _restore_orphans(app, view, held, grace, now)
     report.restored = len(restored)
     present = view.queued | held | restored
+    # A backup copy that is queued or held also delivers its batch.
+    present |= {task_id_for(b) for t in present if is_backup(t) and (b := batch_id_of(t)) is not None}
     found_again: list[int] = []
     newly_missing: list[int] = []
     for batch in batches:
@@ -166,6 +198,8 @@ def reconcile(
     in_transaction(ledger.sessions, lambda s: set_missing(s, found_again, None))
     in_transaction(ledger.sessions, lambda s: set_missing(s, newly_missing, now))
     report.waiting += len(newly_missing)
+    if settings.backups:
+        report.backups = _send_backups(ledger, app, batches, node_loads(workers), view.queued, now, grace)
     if report.resent_batches:
         log.warning(
             "detq reconciler: sent again %d batches (%d images) that no message would deliver",

@@ -7,22 +7,44 @@ from typing import Any
 
 from celery import Celery
 
-from detq.contract import TASK_PROCESS_BATCH, BatchMessage, queue_for_pool, task_id_for
+from detq.contract import TASK_PROCESS_BATCH, BatchMessage, backup_task_id_for, queue_for_pool, task_id_for
 
 
 def send_batch(
-    app: Celery, *, job_id: int, batch_id: int, image_ids: Sequence[int], pool: str, producer: Any = None
+    app: Celery,
+    *,
+    job_id: int,
+    batch_id: int,
+    image_ids: Sequence[int],
+    pool: str,
+    producer: Any = None,
+    declare: bool = True,
+    backup: bool = False,
 ) -> None:
-    """Publish one batch (raises kombu's OperationalError when the broker cannot be reached)."""
+    """Publish one batch (raises kombu's OperationalError when the broker cannot be reached).
+
+    declare=False skips declaring the queue, for a producer that declared it already (declare_queue).
+    backup=True sends the batch's backup copy (its own task id), to race a slow run at a queue's tail.
+    """
     queue = queue_for_pool(pool)
+    options: dict[str, Any] = {} if declare else {"declare": []}
     app.send_task(
         TASK_PROCESS_BATCH,
         args=BatchMessage(job_id, list(image_ids)).args(),
-        task_id=task_id_for(batch_id),
+        task_id=backup_task_id_for(batch_id) if backup else task_id_for(batch_id),
         queue=queue,
         routing_key=queue,
         producer=producer,
+        # What logs and Flower show; Celery's own repr of 16 ids costs more than the rest of the send.
+        argsrepr=f"(job {job_id}, {len(image_ids)} images)",
+        kwargsrepr="{}",
+        **options,
     )
+
+
+def declare_queue(app: Celery, producer: Any, pool: str) -> None:
+    """Declare the pool's queue once on this producer's channel (before sending many batches to it)."""
+    producer.maybe_declare(app.amqp.queues[queue_for_pool(pool)])
 
 
 def check_broker(app: Celery, timeout_s: int = 5) -> None:

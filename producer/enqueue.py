@@ -14,7 +14,7 @@ from kombu.exceptions import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import create_batches, mark_sent
-from db.images_repo import NewImage, abandon_enqueue, insert_images
+from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.models import utcnow
 from db.retry import in_transaction
@@ -23,10 +23,11 @@ from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
 from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
 from detq.vocabulary import Pool
-from dispatch.send import check_broker, send_batch
+from dispatch.send import check_broker
 from producer.enqueue_watch import EnqueueWatch
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.scan import ScannedFile, scan_roots
+from producer.sender import ChunkSender
 
 log = logging.getLogger(__name__)
 
@@ -121,47 +122,46 @@ def enqueue_folders(
     job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
 
     tally = Tally() if only_new else None
-    sent = _Sent()
+    recorded = 0  # rows, refused names included
     files = scan_roots(resolved, recursive=recursive)
-    with EnqueueWatch(factory, job_id, heartbeat_s) as watch:
+    with EnqueueWatch(factory, job_id, heartbeat_s) as watch, ChunkSender(app, job_id, pool) as sender:
         try:
+            sent: list[int] = []  # batches whose messages are out, marked in the next transaction
             while chunk := list(islice(files, INSERT_CHUNK)):
                 if watch.closed:
                     raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
                 with factory() as session, session.begin():
+                    mark_sent(session, sent, utcnow())
                     if tally is not None:
                         # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
                         chunk = select_files(session, model_id, chunk, max_retries, tally)
                     batches, refused = _record_chunk(session, job_id, chunk, batch_size)
-                sent.recorded += refused + sum(len(ids) for _, ids in batches)
-                _send_chunk(factory, app, job_id, pool, batches, sent)
+                recorded += refused + sum(len(ids) for _, ids in batches)
+                sent = sender.submit(batches)  # sent while the next chunk is scanned and recorded
                 if on_progress is not None:
-                    on_progress(sent.images, sent.batches)
+                    on_progress(sender.images, sender.batches)
+            sent += sender.finish()
         except BROKER_ERRORS as exc:
             reason = f"not queued: the broker became unreachable during enqueue ({_one_line(exc)})"
             in_transaction(factory, partial(abandon_enqueue, job_id=job_id, reason=reason, now=utcnow()))
             raise EnqueueError(f"job {job_id} closed, its images failed: {reason}") from None
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
+        mark_sent(session, sent, utcnow())
         if counts is not None:
             set_run_counts(session, job_id, counts)
-        finish_enqueue(session, job_id, sent.recorded)
-    log.info("job %d: %d images in %d batches queued on %r", job_id, sent.images, sent.batches, queue)
+        finish_enqueue(session, job_id, recorded)
+    if on_progress is not None:
+        on_progress(sender.images, sender.batches)
+    log.info("job %d: %d images in %d batches queued on %r", job_id, sender.images, sender.batches, queue)
     return EnqueueResult(
         job_id=job_id,
-        total=sent.images,
-        batches=sent.batches,
+        total=sender.images,
+        batches=sender.batches,
         model_sha256=sha256,
         counts=counts,
-        refused=sent.recorded - sent.images,
+        refused=recorded - sender.images,
     )
-
-
-@dataclass
-class _Sent:
-    images: int = 0  # queued
-    batches: int = 0
-    recorded: int = 0  # rows, refused names included
 
 
 def _one_line(error: BaseException) -> str:
@@ -223,27 +223,6 @@ def _record_chunk(
         for batch_id, group in zip(batch_ids, groups, strict=True)
         for f in group
     ]
-    ids = insert_images(session, job_id, rows)
-    insert_images(session, job_id, refused)
-    out: list[tuple[int, list[int]]] = []
-    start = 0
-    for batch_id, group in zip(batch_ids, groups, strict=True):
-        out.append((batch_id, ids[start : start + len(group)]))
-        start += len(group)
+    ids = insert_batched_images(session, job_id, [*rows, *refused])
+    out = [(batch_id, ids[batch_id]) for batch_id in batch_ids]
     return out, len(refused)
-
-
-def _send_chunk(
-    factory: sessionmaker[Session],
-    app: Celery,
-    job_id: int,
-    pool: Pool,
-    batches: Sequence[tuple[int, list[int]]],
-    sent: _Sent,
-) -> None:
-    with app.producer_or_acquire() as producer:
-        for batch_id, ids in batches:
-            send_batch(app, job_id=job_id, batch_id=batch_id, image_ids=ids, pool=pool, producer=producer)
-            sent.images += len(ids)
-            sent.batches += 1
-    in_transaction(factory, partial(mark_sent, batch_ids=[b for b, _ in batches], now=utcnow()))

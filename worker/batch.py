@@ -1,8 +1,10 @@
 """Process one batch of image ids: claim, detect, and write every image's terminal state.
 
-Images a live process is already on are left to it. Images started before by a process that died are
-run one at a time, each in its own transaction, so a poison image takes only itself down; after
-DETQ_MAX_ATTEMPTS such starts it ends failed with that reason instead of looping for ever.
+Images a live process is already on are left to it, except by a backup copy (sent at a queue's tail for
+an idle worker to race a slow one): it runs them too, without taking their claims, and the first result
+written wins. Images started before by a process that died are run one at a time, each in its own
+transaction, so a poison image takes only itself down; after DETQ_MAX_ATTEMPTS such starts it ends
+failed with that reason instead of looping for ever.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images
 from db.engine import is_transient_error
-from db.images_repo import ImageResult, PendingImage, record_results
+from db.images_repo import ImageResult, PendingImage, finalise_results
 from db.jobs_repo import get_job
 from db.models import utcnow
 from db.retry import in_transaction
@@ -55,13 +57,15 @@ class BatchReport:
     rejected: int = 0
     results: list[ImageResult] = field(default_factory=list, repr=False)
 
-    def count(self, results: Sequence[ImageResult], written: int) -> None:
-        """Add what one write did."""
-        self.written += written
-        self.results.extend(results)
-        self.done += sum(r.status == ImageStatus.DONE for r in results)
-        self.failed += sum(r.status == ImageStatus.FAILED for r in results)
-        self.rejected += sum(r.status == ImageStatus.REJECTED for r in results)
+    def count(self, results: Sequence[ImageResult], written: set[int]) -> None:
+        """Add what one write did: the results it wrote; the others were finished first elsewhere."""
+        mine = [r for r in results if r.image_id in written]
+        self.written += len(mine)
+        self.skipped += len(results) - len(mine)
+        self.results.extend(mine)
+        self.done += sum(r.status == ImageStatus.DONE for r in mine)
+        self.failed += sum(r.status == ImageStatus.FAILED for r in mine)
+        self.rejected += sum(r.status == ImageStatus.REJECTED for r in mine)
 
 
 @dataclass(frozen=True)
@@ -122,12 +126,12 @@ def _claim_one(runtime: WorkerRuntime, image: Claimable, batch_id: int | None) -
     return bool(won)
 
 
-def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]) -> int:
+def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]) -> set[int]:
     if not results:
-        return 0
+        return set()
     return in_transaction(
         runtime.ledger.sessions,
-        lambda s: record_results(
+        lambda s: finalise_results(
             s, job_id, model_id, results, worker=runtime.worker_name, device=runtime.device
         ),
     )
@@ -138,9 +142,18 @@ def _pending(images: Sequence[Claimable]) -> list[PendingImage]:
 
 
 def process_batch(
-    runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None = None
+    runtime: WorkerRuntime,
+    job_id: int,
+    image_ids: Sequence[int],
+    batch_id: int | None = None,
+    *,
+    backup: bool = False,
 ) -> BatchReport:
-    """Bring every pending image of this batch that no live process is on to a terminal state."""
+    """Bring every pending image of this batch that no live process is on to a terminal state.
+
+    backup: also those a live process is on (their claims and attempts untouched); rows still pending
+    when a result comes are written, the others were finished first elsewhere.
+    """
     start = in_transaction(runtime.ledger.sessions, lambda s: _start(s, runtime, job_id, image_ids, batch_id))
     job, view = start.job, start.view
     if view.found < len(image_ids):
@@ -174,6 +187,12 @@ def process_batch(
             return report
         results = exhausted + detect_images(runtime, model, _pending(start.fresh), job.roots)
         report.count(results, _write(runtime, job_id, job.model_id, results))
+        # Not an image that killed a process before: a backup's death is counted in no image's attempts.
+        firsts = [i for i in view.held if i.attempts == 1] if backup else []
+        if firsts:
+            raced = detect_images(runtime, model, _pending(firsts), job.roots)
+            report.skipped -= len(raced)  # counted as taken by another process above; count() recounts
+            report.count(raced, _write(runtime, job_id, job.model_id, raced))
         for suspect in suspects:
             # Started before by a process that died: alone, and committed alone, in case it is the cause.
             if not _claim_one(runtime, suspect, batch_id):
@@ -194,10 +213,12 @@ def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], 
     job = in_transaction(runtime.ledger.sessions, lambda s: get_job(s, job_id))
     if job is None:
         return 0
-    return _write(runtime, job_id, job.model_id, results)
+    return len(_write(runtime, job_id, job.model_id, results))
 
 
-def run_batch(runtime: WorkerRuntime, message: BatchMessage, batch_id: int | None = None) -> BatchReport:
+def run_batch(
+    runtime: WorkerRuntime, message: BatchMessage, batch_id: int | None = None, *, backup: bool = False
+) -> BatchReport:
     """The batch task's body: process the batch; on a soft time limit or a bug, fail what is left pending.
 
     Transient database errors are retried inside (db.retry); one that outlasts the retries leaves the
@@ -206,7 +227,7 @@ def run_batch(runtime: WorkerRuntime, message: BatchMessage, batch_id: int | Non
     job, ids = message.job_id, message.image_ids
     started = time.perf_counter()
     try:
-        report = process_batch(runtime, job, ids, batch_id)
+        report = process_batch(runtime, job, ids, batch_id, backup=backup)
     except SoftTimeLimitExceeded:
         failed = fail_pending(runtime, job, ids, SOFT_LIMIT_REASON)
         log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)

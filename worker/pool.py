@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 from celery.utils.nodenames import default_nodename, host_format
-from celery.worker import state as worker_state
 from kombu.utils.url import maybe_sanitize_url
 
 from db.ledger import open_ledger
@@ -32,6 +31,7 @@ from worker.devices import (
     threads_per_process,
 )
 from worker.heartbeat import Heartbeat, host_key
+from worker.lost_requests import LostRequestWatch
 from worker.metrics import MetricsServer
 from worker.tasks import register_tasks
 
@@ -81,6 +81,10 @@ def run_worker(
             f"{settings.model} has sha256 {sha256}, but DETQ_MODEL_SHA256 pins {settings.model_sha256}"
         )
     app = make_celery_app(settings)
+    # Longer than billiard waits before it fails a dead process's job itself, and two heartbeats more;
+    # a task no process took yet waits a worker timeout more, for a replacement process to load its model.
+    lost_grace = float(app.conf.worker_lost_wait) + 2 * settings.heartbeat_interval_s
+    watch = LostRequestWatch(lost_grace, lost_grace + settings.worker_timeout)
     node_ledger = open_ledger(settings)  # migrates the embedded default, refuses an old PostgreSQL schema
     node_beat = Heartbeat(
         node_ledger.sessions,
@@ -88,7 +92,7 @@ def run_worker(
             ROLE_NODE, node, socket.gethostname(), host_key(), os.getpid(), pool.value, None, sha256
         ),
         interval_s=settings.heartbeat_interval_s,
-        state=lambda: Beat(held=held_task_ids()),
+        state=lambda: Beat(held=watch.held()),
     )
     reconciler = ReconcilerLoop(settings)
     # Before the pool forks: its processes must inherit where to write their numbers.
@@ -112,7 +116,7 @@ def run_worker(
             f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
             f"broker={maybe_sanitize_url(settings.resolved_broker_url)}"
         )
-        exit_code = _run_consumer(app, bootstrap, node, consumed, processes, loglevel, settings)
+        exit_code = _run_consumer(app, bootstrap, node, consumed, processes, loglevel, settings, watch)
     finally:
         reconciler.stop()
         node_beat.stop()
@@ -131,12 +135,6 @@ def node_name(pool: WorkerPool, hostname: str | None) -> str:
     return f"{pool}-{os.getpid()}@{socket.gethostname()}"
 
 
-def held_task_ids() -> list[str]:
-    """Task ids this node holds: received and waiting for a pool slot, or running."""
-    # dict.copy() runs in C under the GIL: the consumer thread cannot change the dict mid-copy.
-    return list(worker_state.requests.copy())
-
-
 def _run_consumer(
     app: Celery,
     bootstrap: PoolBootstrap,
@@ -145,6 +143,7 @@ def _run_consumer(
     processes: int,
     loglevel: str,
     settings: Settings,
+    watch: LostRequestWatch,
 ) -> int:
     worker_process_init.connect(bootstrap.init_process, weak=False)
     worker_process_shutdown.connect(bootstrap.shutdown_process, weak=False)
@@ -160,6 +159,7 @@ def _run_consumer(
         optimization="fair",
         quiet=True,
     )
+    watch.attach(worker)
     try:
         worker.start()
     finally:

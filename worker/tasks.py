@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from detq.contract import TASK_PROCESS_BATCH, batch_id_of, parse_batch_args
+from detq.contract import TASK_PROCESS_BATCH, batch_id_of, is_backup, parse_batch_args
 from worker.batch import run_batch
 from worker.runtime import WorkerRuntime
 
@@ -33,7 +33,8 @@ def register_tasks(app: Celery) -> BatchTask:
     @app.task(name=TASK_PROCESS_BATCH, base=BatchTask, bind=True, ignore_result=True)
     def process_batch_task(self: BatchTask, job_id: Any, image_ids: Any) -> dict[str, int]:
         message = parse_batch_args(job_id, image_ids)
-        report = run_batch(self.require_runtime(), message, batch_id_of(self.request.id))
+        task_id = self.request.id
+        report = run_batch(self.require_runtime(), message, batch_id_of(task_id), backup=is_backup(task_id))
         return {"written": report.written, "skipped": report.skipped}
 
     task: Any = app.tasks[TASK_PROCESS_BATCH]

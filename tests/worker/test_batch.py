@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -14,14 +16,17 @@ from typing import Any
 import pytest
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from db.models import Detection, Image, Job
+from db.images_repo import ImageResult, record_results
+from db.models import Detection, Image, Job, utcnow
+from db.workers_repo import ROLE_PROCESS, WorkerIdentity, register_worker, set_current_batch
 from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from tests.support import write_corrupt_folder, write_jpeg
 from tests.worker.conftest import Staged
 from worker.batch import fail_pending, process_batch, run_batch
+from worker.heartbeat import host_key
 from worker.runtime import WorkerRuntime
 
 Stage = Callable[..., Staged]
@@ -246,3 +251,64 @@ def test_a_pinned_worker_refuses_a_job_of_another_model(
     process_batch(runtime, job.job_id, job.image_ids)
     (row,) = _rows(runtime, job.job_id).values()
     assert row.status == ImageStatus.FAILED and "DETQ_MODEL_SHA256" in (row.reason or "")
+
+
+def _held_by_another_live_process(runtime: WorkerRuntime, job_id: int, attempts: int) -> int:
+    """Give the job's images to a live pool process of another node, running batch 5; its row id."""
+    now = utcnow()
+    identity = WorkerIdentity(ROLE_PROCESS, "slow@host", socket.gethostname(), host_key(), os.getpid(), "cpu")
+    with runtime.ledger.sessions() as session, session.begin():
+        other = register_worker(session, identity, now)
+        session.execute(
+            update(Image)
+            .where(Image.job_id == job_id)
+            .values(batch_id=5, claimed_by=other, claimed_at=now, attempts=attempts)
+        )
+        set_current_batch(session, other, 5, now)
+    return other
+
+
+def test_a_backup_copy_races_a_live_process_and_the_first_result_wins(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a batch whose images a live process on a slow node has started
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(tmp_path / name, (100, 80))
+    job = stage(tmp_path, ["a.jpg", "b.jpg"])
+    other = _held_by_another_live_process(runtime, job.job_id, attempts=1)
+    # When the batch's own message comes again, it leaves them to that process
+    assert process_batch(runtime, job.job_id, job.image_ids, 5).written == 0
+    # When its backup copy comes
+    report = process_batch(runtime, job.job_id, job.image_ids, 5, backup=True)
+    # Then the backup finishes them, leaving their claims and attempts as they were
+    assert (report.written, report.done, report.skipped) == (2, 2, 0)
+    rows = _rows(runtime, job.job_id)
+    assert {(r.status, r.attempts, r.claimed_by) for r in rows.values()} == {(ImageStatus.DONE, 1, other)}
+    # And the slow process's results, when they come, write nothing: one set of boxes per image
+    late = [ImageResult(image_id=i, status=ImageStatus.DONE, width=100, height=80) for i in job.image_ids]
+    model_id = _model_id(runtime, job.job_id)
+    with runtime.ledger.sessions() as session, session.begin():
+        assert record_results(session, job.job_id, model_id, late, worker="slow", device="cpu") == 0
+    with runtime.ledger.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Detection)) == 2
+
+
+def test_a_backup_copy_leaves_an_image_that_killed_a_process_before(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given images a live process runs on their second start (a process died on each once)
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(tmp_path / name, (100, 80))
+    job = stage(tmp_path, ["a.jpg", "b.jpg"])
+    _held_by_another_live_process(runtime, job.job_id, attempts=2)
+    # When a backup copy comes, it does not race them: a death there would count in no image's attempts
+    report = process_batch(runtime, job.job_id, job.image_ids, 5, backup=True)
+    assert (report.written, report.skipped) == (0, 2)
+    assert {r.status for r in _rows(runtime, job.job_id).values()} == {ImageStatus.PENDING}
+
+
+def _model_id(runtime: WorkerRuntime, job_id: int) -> int:
+    with runtime.ledger.sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.model_id

@@ -1,0 +1,94 @@
+"""Backup copies at a queue's tail: when nothing of a queue is waiting and a worker that could take work
+idles, batches still running elsewhere get a second copy, so a slow worker cannot hold a job's end.
+
+Only idle capacity runs backups, so they cost no wall time; the first result written wins (the ledger
+writes only pending rows), and the slower run finds its images finished.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from db.batches_repo import OpenBatch
+from db.models import WorkerRecord, as_utc
+from db.workers_repo import ROLE_NODE
+from detq.contract import QUEUES_BY_POOL, backup_task_id_for, queue_for_pool, task_id_for
+from detq.vocabulary import WorkerPool
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """A live node: the queues it consumes, its pool processes, and the task ids it holds."""
+
+    name: str
+    queues: tuple[str, ...]
+    processes: int
+    held: frozenset[str]
+
+    @property
+    def free(self) -> int:
+        """Pool processes with nothing to do (prefetch keeps a node from holding more than it runs)."""
+        return max(0, self.processes - len(self.held))
+
+
+def node_loads(workers: Sequence[WorkerRecord]) -> list[NodeLoad]:
+    """Live nodes from live worker rows (a node row, and one row per pool process naming its node)."""
+    processes = Counter(w.node for w in workers if w.role != ROLE_NODE)
+    loads = []
+    for worker in workers:
+        if worker.role != ROLE_NODE:
+            continue
+        try:
+            queues = QUEUES_BY_POOL[WorkerPool(worker.pool)]
+        except (ValueError, KeyError):
+            continue
+        held = frozenset(worker.held or [])
+        loads.append(NodeLoad(worker.node, queues, processes.get(worker.node, 0), held))
+    return loads
+
+
+def backups_to_send(
+    batches: Sequence[OpenBatch],
+    nodes: Sequence[NodeLoad],
+    queued: set[str],
+    now: datetime,
+    min_age_s: float,
+) -> list[OpenBatch]:
+    """Batches that get a backup copy now, oldest first, at most one per idle process of their queue.
+
+    A batch qualifies when its queue has no batch waiting, a node that is fully busy holds it, another
+    node that consumes its queue has an idle process (the holder cannot take its own backup), no backup
+    of it is queued or held, and its last send is at least min_age_s old (time for a copy to show up).
+    """
+    by_name = {node.name: node for node in nodes}
+    held_by = {task_id: node.name for node in nodes for task_id in node.held}
+    waiting = {
+        queue_for_pool(b.pool)
+        for b in batches
+        if b.batch_id is not None and task_id_for(b.batch_id) in queued
+    }
+    free = Counter[str]()
+    for node in nodes:
+        for queue in node.queues:
+            free[queue] += node.free
+    chosen: list[OpenBatch] = []
+    for batch in sorted(batches, key=lambda b: b.batch_id or 0):
+        if batch.batch_id is None:
+            continue
+        queue = queue_for_pool(batch.pool)
+        backup = backup_task_id_for(batch.batch_id)
+        if queue in waiting or free[queue] <= 0 or backup in queued or backup in held_by:
+            continue
+        holder = by_name.get(held_by.get(task_id_for(batch.batch_id), ""))
+        if holder is None:
+            continue  # not running: the reconciler's resend handles a batch no one has
+        if holder.free > 0 or free[queue] <= 0:
+            continue  # every idle process is the holder's own
+        if batch.sent_at is not None and (now - as_utc(batch.sent_at)).total_seconds() < min_age_s:
+            continue
+        chosen.append(batch)
+        free[queue] -= 1
+    return chosen
