@@ -6,7 +6,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import islice
 from pathlib import Path
 
 from celery import Celery
@@ -26,6 +25,7 @@ from detq.vocabulary import Pool
 from dispatch.send import check_broker
 from producer.enqueue_watch import EnqueueWatch
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
+from producer.read_ahead import ChunksAhead
 from producer.scan import ScannedFile, scan_roots
 from producer.sender import ChunkSender
 
@@ -124,10 +124,14 @@ def enqueue_folders(
     tally = Tally() if only_new else None
     recorded = 0  # rows, refused names included
     files = scan_roots(resolved, recursive=recursive)
-    with EnqueueWatch(factory, job_id, heartbeat_s) as watch, ChunkSender(app, job_id, pool) as sender:
+    with (
+        EnqueueWatch(factory, job_id, heartbeat_s) as watch,
+        ChunksAhead(files, INSERT_CHUNK) as chunks,
+        ChunkSender(app, job_id, pool) as sender,
+    ):
         try:
             sent: list[int] = []  # batches whose messages are out, marked in the next transaction
-            while chunk := list(islice(files, INSERT_CHUNK)):
+            for chunk in chunks:
                 if watch.closed:
                     raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
                 with factory() as session, session.begin():
