@@ -25,9 +25,10 @@ from db.retry import in_transaction
 from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
 from detq.contract import batch_id_of, batches_of, is_backup, task_id_for
 from detq.settings import Settings
-from dispatch.backups import NodeLoad, backups_to_send, node_loads
+from dispatch.backups import node_loads
 from dispatch.broker import BrokerView, read_broker, restore_unacked
 from dispatch.send import send_batch
+from dispatch.tail import send_backups
 
 log = logging.getLogger(__name__)
 
@@ -118,33 +119,6 @@ def _resend(ledger: Ledger, app: Celery, batch: OpenBatch, batch_id: int, now: d
     return len(ids)
 
 
-def _send_backups(
-    ledger: Ledger,
-    app: Celery,
-    batches: Sequence[OpenBatch],
-    nodes: Sequence[NodeLoad],
-    queued: set[str],
-    now: datetime,
-    grace_s: float,
-) -> int:
-    chosen = backups_to_send(batches, nodes, queued, now, min_age_s=grace_s)
-    for batch in chosen:
-        assert batch.batch_id is not None
-        ids = in_transaction(
-            ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch.batch_id)
-        )
-        if ids:
-            send_batch(
-                app, job_id=batch.job_id, batch_id=batch.batch_id, image_ids=ids, pool=batch.pool, backup=True
-            )
-    if chosen:
-        in_transaction(
-            ledger.sessions, lambda s: mark_sent(s, [b.batch_id for b in chosen if b.batch_id], now)
-        )
-        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(chosen))
-    return len(chosen)
-
-
 def reconcile(
     ledger: Ledger,
     app: Celery,
@@ -199,7 +173,7 @@ def reconcile(
     in_transaction(ledger.sessions, lambda s: set_missing(s, newly_missing, now))
     report.waiting += len(newly_missing)
     if settings.backups:
-        report.backups = _send_backups(ledger, app, batches, node_loads(workers), view.queued, now, grace)
+        report.backups = send_backups(ledger, app, batches, node_loads(workers), view.queued, now, grace)
     if report.resent_batches:
         log.warning(
             "detq reconciler: sent again %d batches (%d images) that no message would deliver",

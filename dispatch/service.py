@@ -12,8 +12,13 @@ from detq.celery_app import make_celery_app
 from detq.settings import Settings
 from dispatch.leadership import RECONCILER_LEASE, Leadership
 from dispatch.reconcile import reconcile
+from dispatch.tail import tail_pass
 
 log = logging.getLogger(__name__)
+
+# How often nodes report a change of what they hold, and the lease holder looks for idle workers at a
+# queue's tail (dispatch/backups.py), between its full passes.
+TAIL_WATCH_S = 1.0
 
 
 class ReconcilerLoop:
@@ -54,9 +59,16 @@ class ReconcilerLoop:
         # Nobody could beat while the database was away: a worker is only judged once it has been
         # reachable for a whole DETQ_WORKER_TIMEOUT, or every worker would look dead after an outage.
         reachable_since: float | None = None
+        held = False
+        next_pass = time.monotonic() + self.settings.reconcile_interval_s
         try:
-            while not self._stop.wait(self.settings.reconcile_interval_s):
+            while not self._stop.wait(min(TAIL_WATCH_S, self.settings.reconcile_interval_s)):
                 try:
+                    if time.monotonic() < next_pass:
+                        if held and self.settings.backups:
+                            tail_pass(self.ledger, app, self.settings)
+                        continue
+                    next_pass = time.monotonic() + self.settings.reconcile_interval_s
                     held = self._leadership.check()
                     if not self._leadership.reachable:
                         reachable_since = None
@@ -67,6 +79,7 @@ class ReconcilerLoop:
                 except Exception as exc:  # noqa: BLE001 - a failed pass (broker or database away) is retried
                     if is_transient_error(exc):
                         reachable_since = None
+                        held = False
                     log.warning("detq reconciler: pass failed; trying again", exc_info=True)
         finally:
             app.close()

@@ -92,10 +92,14 @@ class Heartbeat:
         *,
         interval_s: float,
         state: Callable[[], Beat],
+        watch_s: float | None = None,
     ) -> None:
+        """watch_s: also read state() this often, and beat at once when its held task ids change (a node
+        that falls idle says so within watch_s, not a whole interval later)."""
         self.sessions = sessions
         self.identity = identity
         self.interval_s = interval_s
+        self.watch_s = min(watch_s, interval_s) if watch_s else interval_s
         self.state = state
         self.worker_id = 0
         self._stop = threading.Event()
@@ -108,9 +112,9 @@ class Heartbeat:
         self._thread.start()
         return self.worker_id
 
-    def beat_now(self) -> None:
-        """One heartbeat, now."""
-        payload, now = self.state(), utcnow()
+    def beat_now(self, payload: Beat | None = None) -> None:
+        """One heartbeat, now (of payload, or of state() read now)."""
+        payload, now = payload or self.state(), utcnow()
         in_transaction(self.sessions, lambda s: beat(s, self.worker_id, now, payload), give_up_after_s=5)
 
     def stop(self, reason: str = STOPPED) -> None:
@@ -128,8 +132,15 @@ class Heartbeat:
             log.warning("detq: could not close worker row %d", self.worker_id, exc_info=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        last_beat = time.monotonic()
+        last_held: list[str] | None = None
+        while not self._stop.wait(self.watch_s):
+            payload = self.state()
+            held = list(payload.held) if payload.held is not None else None
+            if held == last_held and time.monotonic() - last_beat < self.interval_s - self.watch_s / 2:
+                continue
             try:
-                self.beat_now()
+                self.beat_now(payload)
+                last_beat, last_held = time.monotonic(), held
             except Exception:  # noqa: BLE001 - a missed beat (database away) is retried next interval
                 log.warning("detq: heartbeat of worker %d failed", self.worker_id, exc_info=True)

@@ -21,7 +21,7 @@ from detq.host import usable_cores
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
-from dispatch.service import ReconcilerLoop
+from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
 from worker.devices import (
     NoGpuError,
@@ -93,6 +93,7 @@ def run_worker(
         ),
         interval_s=settings.heartbeat_interval_s,
         state=lambda: Beat(held=watch.held()),
+        watch_s=TAIL_WATCH_S,  # an idle node shows at once: backups at a queue's tail go to it
     )
     reconciler = ReconcilerLoop(settings)
     # Before the pool forks: its processes must inherit where to write their numbers.

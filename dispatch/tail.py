@@ -1,0 +1,73 @@
+"""Send backup copies at a queue's tail: in each full reconciler pass, and every second in between
+while a worker idles next to an empty queue (so a job's end waits seconds, not a pass, for them)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from functools import partial
+
+from celery import Celery
+
+from db.batches_repo import OpenBatch, mark_sent, open_batches, pending_ids_of_batch
+from db.ledger import Ledger
+from db.models import utcnow
+from db.retry import in_transaction
+from db.workers_repo import live_workers
+from detq.contract import queue_for_pool
+from detq.settings import Settings
+from dispatch.backups import NodeLoad, backups_to_send, node_loads
+from dispatch.broker import queue_depths
+from dispatch.send import send_batch
+
+log = logging.getLogger(__name__)
+
+
+def send_backups(
+    ledger: Ledger,
+    app: Celery,
+    batches: Sequence[OpenBatch],
+    nodes: Sequence[NodeLoad],
+    queued: set[str],
+    now: datetime,
+    min_age_s: float,
+) -> int:
+    """Send the backups backups_to_send picks; how many."""
+    chosen = [b for b in backups_to_send(batches, nodes, queued, now, min_age_s) if b.batch_id is not None]
+    for batch in chosen:
+        assert batch.batch_id is not None
+        ids = in_transaction(
+            ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch.batch_id)
+        )
+        if ids:
+            send_batch(
+                app, job_id=batch.job_id, batch_id=batch.batch_id, image_ids=ids, pool=batch.pool, backup=True
+            )
+    if chosen:
+        sent = [b.batch_id for b in chosen if b.batch_id is not None]
+        in_transaction(ledger.sessions, lambda s: mark_sent(s, sent, now))
+        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(chosen))
+    return len(chosen)
+
+
+def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:
+    """Backups only, cheaply: nothing is read past the first check that fails (an idle process, an
+    empty queue it consumes, open batches); returns how many were sent."""
+    now = now or utcnow()
+    with ledger.sessions() as session:
+        workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
+    nodes = node_loads(workers)
+    idle_queues = {queue for node in nodes if node.free > 0 for queue in node.queues}
+    if not idle_queues:
+        return 0
+    depths = queue_depths(app, settings)
+    if not any(depths.get(queue, 1) == 0 for queue in idle_queues):
+        return 0  # every queue an idle worker could take from still has work (or cannot be counted)
+    batches = in_transaction(ledger.sessions, lambda s: open_batches(s))
+    if not batches:
+        return 0
+    # Queued task ids are not read here: a queue with a message in it is not at its tail.
+    waiting = {queue for queue, depth in depths.items() if depth > 0}
+    batches = [b for b in batches if queue_for_pool(b.pool) not in waiting]
+    return send_backups(ledger, app, batches, nodes, set(), now, settings.missing_grace_s)
