@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import deployments, enqueue, loops, ray_data, report, writes
+from bench import deployments, enqueue, loops, mixed, ray_data, report, writes
 from bench.photos import write_photos
 from tests.support import save_fixed_box_model, save_torchvision_detector
 
@@ -118,6 +118,11 @@ def main() -> int:
                     results[workload][name].append(rate)
                     print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
             save()
+        if "ssdlite" in models and "1280x960" in folders:
+            extras["mixed_pools_images_per_s"] = mixed_bench(
+                models["ssdlite"], folders["1280x960"], work, args.repeat
+            )
+            save()
         extras.update(framework_overhead(work, args.repeat))
         extras["detections_per_s"] = {
             "postgresql": round(writes.postgres_detections_per_s()),
@@ -130,6 +135,16 @@ def main() -> int:
     print(report.table(summary["images_per_s"]))
     print({k: v for k, v in summary.items() if k not in ("images_per_s",)})
     return 0
+
+
+def mixed_bench(model: Path, photos: Path, work: Path, repeat: int) -> dict[str, list[float]]:
+    """One normal and one throttled worker on a job, against the normal one alone (bench/mixed.py)."""
+    found: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        for name, rate in mixed.mixed_runs(model, photos, work).items():
+            found.setdefault(name, []).append(round(rate, 2))
+            print(f"mixed pools {name}: {rate:.1f} images/s", flush=True)
+    return found
 
 
 def framework_overhead(work: Path, repeat: int) -> dict[str, Any]:

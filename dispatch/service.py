@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # How often nodes report a change of what they hold, and the lease holder looks for idle workers at a
 # queue's tail (dispatch/backups.py), between its full passes.
-TAIL_WATCH_S = 1.0
+TAIL_WATCH_S = 0.5
 
 
 class ReconcilerLoop:
