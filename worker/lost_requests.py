@@ -81,6 +81,8 @@ class LostRequestWatch:
         self.untaken_grace_s = grace_s if untaken_grace_s is None else untaken_grace_s
         self._clock = clock
         self._since: dict[str, float] = {}
+        self._reasons: dict[str, str] = {}
+        self._given: dict[str, Any] = {}  # requests given back (once each), until the node forgets them
         self._controller: Any = None
 
     def attach(self, controller: Any) -> None:
@@ -101,10 +103,18 @@ class LostRequestWatch:
         outbound = getattr(pool, "outbound_buffer", None)
         queued = outbound.copy() if outbound is not None else ()
         lost = self.lost(requests.values(), live, self._clock(), queued)
+        given = {r.id: r for r in lost if self._given.get(r.id) is r}  # given back, not gone yet
         for request in lost:
-            self._give_back(request)
-        gone = {r.id for r in lost}
-        return [task_id for task_id in requests if task_id not in gone]
+            if request.id not in given:
+                log.warning(
+                    "detq worker: task %s is lost (%s); giving it back to the queue",
+                    request.id,
+                    self._reasons.get(request.id, "?"),
+                )
+                self._give_back(request)
+                given[request.id] = request
+        self._given = given
+        return [task_id for task_id in requests if task_id not in given]
 
     def lost(
         self,
@@ -121,12 +131,11 @@ class LostRequestWatch:
             if lost is None:
                 continue
             since = suspects[request.id] = self._since.get(request.id, now)
+            self._reasons[request.id] = lost.reason
             if now - since >= (self.untaken_grace_s if lost.untaken else self.grace_s):
-                log.warning(
-                    "detq worker: task %s is lost (%s); giving it back to the queue", request.id, lost.reason
-                )
                 found.append(request)
         self._since = suspects
+        self._reasons = {key: self._reasons[key] for key in suspects}
         return found
 
     def _give_back(self, request: Any) -> None:

@@ -148,7 +148,7 @@ def test_a_node_stops_listing_a_lost_task_and_requeues_it_on_its_event_loop() ->
 
     from celery.worker import state as worker_state
 
-    clock = iter([100.0, 131.0])
+    clock = iter([100.0, 131.0, 131.5])
     watch = LostRequestWatch(grace_s=30, clock=lambda: next(clock))
     hub = _Hub()
     processes = [SimpleNamespace(pid=101)]
@@ -160,6 +160,7 @@ def test_a_node_stops_listing_a_lost_task_and_requeues_it_on_its_event_loop() ->
     try:
         assert sorted(watch.held()) == ["detq-batch-7", "detq-batch-8"]
         assert watch.held() == ["detq-batch-8"]
+        assert watch.held() == ["detq-batch-8"]  # still not listed, and not given back twice
         [(callback, args)] = hub.calls
         callback(*args)  # what the event loop runs
         assert lost.rejected == [True]
