@@ -30,11 +30,13 @@ SENT_MARK = "sent to the control queue"
 LEASE_S = 2.0
 
 
-def configure(deployment: Deployment, tmp_path: Path, folder: Path, cron: str) -> Deployment:
+def configure(
+    deployment: Deployment, tmp_path: Path, folder: Path, cron: str, batch_size: int = 4
+) -> Deployment:
     """Point the deployment at a one-schedule file with a short lease."""
     schedules = tmp_path / "schedules.toml"
     schedules.write_text(
-        f'[[schedule]]\nname = "cams"\nfolders = ["{folder}"]\ncron = "{cron}"\nbatch_size = 4\n'
+        f'[[schedule]]\nname = "cams"\nfolders = ["{folder}"]\ncron = "{cron}"\nbatch_size = {batch_size}\n'
     )
     deployment.extra.update(
         {"DETQ_SCHEDULES_FILE": str(schedules), "DETQ_SCHEDULER_LEASE_SECONDS": str(LEASE_S)}
@@ -210,7 +212,9 @@ def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
     folder.mkdir()
     for i in range(20000):
         (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each fails fast with a reason
-    configure(embedded, tmp_path, folder, "*/5 * * * * *")
+    # Batches of 64: however much the scan records before the kill (it records a 2,000-row chunk while
+    # the one before is sent), the workers finish it in seconds.
+    configure(embedded, tmp_path, folder, "*/5 * * * * *", batch_size=64)
     embedded.extra["DETQ_WORKER_TIMEOUT"] = "6"
     with running_worker(embedded, concurrency=2), running_scheduler(embedded) as scheduler:
         # When the scheduler is SIGKILLed while its run is still scanning
