@@ -34,9 +34,9 @@ def send_backups(
     min_age_s: float,
 ) -> int:
     """Send the backups backups_to_send picks; how many."""
-    chosen = [b for b in backups_to_send(batches, nodes, queued, now, min_age_s) if b.batch_id is not None]
-    for batch in chosen:
-        assert batch.batch_id is not None
+    sent: list[int] = []
+    for batch in backups_to_send(batches, nodes, queued, now, min_age_s):
+        assert batch.batch_id is not None  # backups_to_send takes only batches with an id
         ids = in_transaction(
             ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch.batch_id)
         )
@@ -44,11 +44,11 @@ def send_backups(
             send_batch(
                 app, job_id=batch.job_id, batch_id=batch.batch_id, image_ids=ids, pool=batch.pool, backup=True
             )
-    if chosen:
-        sent = [b.batch_id for b in chosen if b.batch_id is not None]
+        sent.append(batch.batch_id)
+    if sent:
         in_transaction(ledger.sessions, lambda s: mark_sent(s, sent, now))
-        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(chosen))
-    return len(chosen)
+        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(sent))
+    return len(sent)
 
 
 def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:

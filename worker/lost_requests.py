@@ -80,8 +80,7 @@ class LostRequestWatch:
         self.grace_s = grace_s
         self.untaken_grace_s = grace_s if untaken_grace_s is None else untaken_grace_s
         self._clock = clock
-        self._since: dict[str, float] = {}
-        self._reasons: dict[str, str] = {}
+        self._since: dict[str, tuple[float, str]] = {}  # task id: since when it looks lost, and why
         self._given: dict[str, Any] = {}  # requests given back (once each), until the node forgets them
         self._controller: Any = None
 
@@ -109,7 +108,7 @@ class LostRequestWatch:
                 log.warning(
                     "detq worker: task %s is lost (%s); giving it back to the queue",
                     request.id,
-                    self._reasons.get(request.id, "?"),
+                    self._since[request.id][1],
                 )
                 self._give_back(request)
                 given[request.id] = request
@@ -125,17 +124,16 @@ class LostRequestWatch:
     ) -> list[HeldRequest]:
         """Requests that have looked lost since at least grace_s ago."""
         found: list[HeldRequest] = []
-        suspects: dict[str, float] = {}
+        suspects: dict[str, tuple[float, str]] = {}
         for request in requests:
             lost = lost_reason(request, live_pids, queued)
             if lost is None:
                 continue
-            since = suspects[request.id] = self._since.get(request.id, now)
-            self._reasons[request.id] = lost.reason
+            since = self._since.get(request.id, (now, ""))[0]
+            suspects[request.id] = (since, lost.reason)
             if now - since >= (self.untaken_grace_s if lost.untaken else self.grace_s):
                 found.append(request)
         self._since = suspects
-        self._reasons = {key: self._reasons[key] for key in suspects}
         return found
 
     def _give_back(self, request: Any) -> None:

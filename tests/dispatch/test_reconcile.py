@@ -2,58 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from celery import Celery
 
-from db.batches_repo import create_batches, mark_sent
-from db.images_repo import NewImage, insert_images
-from db.jobs_repo import create_job, finish_enqueue, get_job, get_or_create_model, touch_enqueue
-from db.ledger import Ledger, open_ledger
+from db.batches_repo import mark_sent
+from db.jobs_repo import get_job, touch_enqueue
+from db.ledger import Ledger
 from db.models import WorkerRecord, utcnow
 from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity, beat, register_worker
-from detq.celery_app import make_celery_app
 from detq.contract import task_id_for
 from detq.settings import Settings
 from dispatch.broker import read_broker
 from dispatch.reconcile import reconcile
 from dispatch.send import send_batch
-
-
-@pytest.fixture()
-def settings(tmp_path: Path) -> Settings:
-    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)  # type: ignore[call-arg]
-
-
-@pytest.fixture()
-def ledger(settings: Settings) -> Iterator[Ledger]:
-    opened = open_ledger(settings)
-    yield opened
-    opened.close()
-
-
-@pytest.fixture()
-def app(settings: Settings) -> Iterator[Celery]:
-    made = make_celery_app(settings)
-    yield made
-    made.close()
-
-
-def _job_with_batch(ledger: Ledger, images: int = 3, *, enqueued: bool = True) -> tuple[int, int]:
-    """A job with one batch of pending images recorded (not sent); (job id, batch id)."""
-    with ledger.sessions() as s, s.begin():
-        model = get_or_create_model(s, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
-        job = create_job(s, model_id=model.id, roots=["/d"], pool="cpu", batch_size=8)
-        (batch_id,) = create_batches(s, job.id, [images], utcnow())
-        insert_images(
-            s, job.id, [NewImage(f"/d/{i}.jpg", 1, 1.0, 0, batch_id=batch_id) for i in range(images)]
-        )
-        if enqueued:
-            finish_enqueue(s, job.id, images)
-        return job.id, batch_id
+from tests.dispatch.conftest import job_with_batch
 
 
 def _queued(app: Celery, settings: Settings) -> set[str]:
@@ -64,7 +27,7 @@ def test_a_batch_with_no_copy_anywhere_is_sent_again_after_its_grace(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a batch recorded but whose message never reached the broker
-    job_id, batch_id = _job_with_batch(ledger)
+    job_id, batch_id = job_with_batch(ledger)
     now = utcnow()
     # When the reconciler passes twice, the grace period apart
     first = reconcile(ledger, app, settings, now=now)
@@ -82,7 +45,7 @@ def test_a_batch_with_no_copy_anywhere_is_sent_again_after_its_grace(
 def test_a_batch_still_queued_behind_a_backlog_is_never_sent_twice(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
-    job_id, batch_id = _job_with_batch(ledger)
+    job_id, batch_id = job_with_batch(ledger)
     send_batch(app, job_id=job_id, batch_id=batch_id, image_ids=[1, 2, 3], pool="cpu")
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], utcnow())
@@ -97,7 +60,7 @@ def test_a_batch_a_live_node_holds_is_left_alone_and_a_dead_ones_is_sent_again(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a node that reported holding the batch, whose message left the broker
-    job_id, batch_id = _job_with_batch(ledger)
+    job_id, batch_id = job_with_batch(ledger)
     now = utcnow()
     identity = WorkerIdentity(ROLE_NODE, "cpu@h", "h", "h/1", 10, "cpu")
     with ledger.sessions() as s, s.begin():
@@ -120,7 +83,7 @@ def test_a_job_whose_producer_stopped_mid_scan_is_closed_with_what_was_recorded(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a job still enqueuing, its producer last seen long ago
-    job_id, _ = _job_with_batch(ledger, images=2, enqueued=False)
+    job_id, _ = job_with_batch(ledger, images=2, enqueued=False)
     with ledger.sessions() as s, s.begin():
         touch_enqueue(s, job_id, utcnow())
     report = reconcile(ledger, app, settings, now=utcnow() + timedelta(seconds=settings.worker_timeout + 1))

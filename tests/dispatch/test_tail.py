@@ -3,43 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from celery import Celery
 
 from db.batches_repo import mark_sent
-from db.ledger import Ledger, open_ledger
+from db.ledger import Ledger
 from db.models import utcnow
 from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
-from detq.celery_app import make_celery_app
 from detq.contract import backup_task_id_for, task_id_for
 from detq.settings import Settings
 from dispatch.broker import read_broker
 from dispatch.send import send_batch
 from dispatch.tail import tail_pass
-from tests.dispatch.test_reconcile import _job_with_batch
-
-
-@pytest.fixture()
-def settings(tmp_path: Path) -> Settings:
-    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)  # type: ignore[call-arg]
-
-
-@pytest.fixture()
-def ledger(settings: Settings) -> Iterator[Ledger]:
-    opened = open_ledger(settings)
-    yield opened
-    opened.close()
-
-
-@pytest.fixture()
-def app(settings: Settings) -> Iterator[Celery]:
-    made = make_celery_app(settings)
-    yield made
-    made.close()
+from tests.dispatch.conftest import job_with_batch
 
 
 def _node(ledger: Ledger, name: str, processes: int, held: list[str]) -> None:
@@ -55,7 +32,7 @@ def test_an_idle_node_next_to_an_empty_queue_gets_a_backup_of_a_batch_running_el
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a batch sent a while ago and taken by a busy slow node, while a fast node idles
-    job_id, batch_id = _job_with_batch(ledger)
+    job_id, batch_id = job_with_batch(ledger)
     sent = utcnow() - timedelta(seconds=60)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], sent)
@@ -70,8 +47,8 @@ def test_an_idle_node_next_to_an_empty_queue_gets_a_backup_of_a_batch_running_el
 
 def test_no_backup_while_the_queue_still_has_work(ledger: Ledger, app: Celery, settings: Settings) -> None:
     # Given a running batch, an idle node, and another batch of the job still waiting in the queue
-    job_id, running = _job_with_batch(ledger)
-    _, waiting = _job_with_batch(ledger)
+    job_id, running = job_with_batch(ledger)
+    _, waiting = job_with_batch(ledger)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [running, waiting], utcnow() - timedelta(seconds=60))
     send_batch(app, job_id=job_id, batch_id=waiting, image_ids=[1], pool="cpu")

@@ -1,0 +1,50 @@
+"""Fixtures of the dispatch tests: a real SQLite ledger and the real embedded broker, and a recorded job."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from db.batches_repo import create_batches
+from db.images_repo import NewImage, insert_images
+from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
+from db.ledger import Ledger, open_ledger
+from db.models import utcnow
+from detq.celery_app import make_celery_app
+from detq.settings import Settings
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)  # type: ignore[call-arg]
+
+
+@pytest.fixture()
+def ledger(settings: Settings) -> Iterator[Ledger]:
+    opened = open_ledger(settings)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture()
+def app(settings: Settings) -> Iterator[Celery]:
+    made = make_celery_app(settings)
+    yield made
+    made.close()
+
+
+def job_with_batch(ledger: Ledger, images: int = 3, *, enqueued: bool = True) -> tuple[int, int]:
+    """A job with one batch of pending images recorded (not sent); (job id, batch id)."""
+    with ledger.sessions() as s, s.begin():
+        model = get_or_create_model(s, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(s, model_id=model.id, roots=["/d"], pool="cpu", batch_size=8)
+        (batch_id,) = create_batches(s, job.id, [images], utcnow())
+        insert_images(
+            s, job.id, [NewImage(f"/d/{i}.jpg", 1, 1.0, 0, batch_id=batch_id) for i in range(images)]
+        )
+        if enqueued:
+            finish_enqueue(s, job.id, images)
+        return job.id, batch_id
