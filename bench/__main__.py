@@ -1,7 +1,7 @@
 """`make bench`: every runner on the same photos and models, interleaved, in one invocation.
 
 python -m bench [--images 240] [--large-images 32] [--repeat 3] [--models ssdlite,yolov8] [--no-ray]
-                [--enqueue-files 100000] [--out bench-results]
+                [--enqueue-files 100000] [--only naive,ceiling,opt] [--no-extras] [--out bench-results]
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from tests.support import save_fixed_box_model, save_torchvision_detector
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"1280x960": (1280, 960), "12MP": (4000, 3000)}
 YOLO_CLASS_BIAS = "-3.5"  # a few boxes an image, where SSDlite's random weights give 300
-OPT_INS = {"DETQ_FAST_DECODE": "true", "DETQ_CPU_OPTIMIZE": "true"}
+FAST_DECODE = {"DETQ_FAST_DECODE": "true"}
+CPU_OPTIMIZE = {"DETQ_CPU_OPTIMIZE": "true"}
+OPT_INS = {**FAST_DECODE, **CPU_OPTIMIZE}
 
 
 def build_models(work: Path, names: list[str]) -> dict[str, Path]:
@@ -54,7 +56,13 @@ def runners(
         report.CEILING: lambda: loops.ceiling(model, photos),
         "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra),
         "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(model, folder, work, cores, extra),
-        # The two opt-ins that change numbers (docs/models.md#exact-preprocessing), to show what they buy.
+        # The two opt-ins that change numbers (docs/models.md#exact-preprocessing): what each buys, and both.
+        "detq Redis + PostgreSQL, fast decode": lambda: deployments.detq_redis_postgres(
+            model, folder, work, cores, {**extra, **FAST_DECODE}
+        ),
+        "detq Redis + PostgreSQL, CPU optimize": lambda: deployments.detq_redis_postgres(
+            model, folder, work, cores, {**extra, **CPU_OPTIMIZE}
+        ),
         "detq Redis + PostgreSQL, opt-ins": lambda: deployments.detq_redis_postgres(
             model, folder, work, cores, {**extra, **OPT_INS}
         ),
@@ -75,6 +83,12 @@ def main() -> int:
     parser.add_argument(
         "--enqueue-files", type=int, default=100_000, help="files for the enqueue bench (0: none)"
     )
+    parser.add_argument(
+        "--only", default="", help="comma-separated parts of runner names to run (default: every runner)"
+    )
+    parser.add_argument(
+        "--no-extras", action="store_true", help="skip mixed pools, framework overhead and write rates"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     args = parser.parse_args()
     ray = not args.no_ray and ray_data.available()
@@ -89,8 +103,13 @@ def main() -> int:
         photo_lists = {
             size: write_photos(folder, counts[size], SIZES[size]) for size, folder in folders.items()
         }
+        wanted = [part.strip() for part in args.only.split(",") if part.strip()]
         plan = {
-            f"{model} {size}": runners(path, photo_lists[size], folders[size], work, ray)
+            f"{model} {size}": {
+                name: run
+                for name, run in runners(path, photo_lists[size], folders[size], work, ray).items()
+                if not wanted or any(part in name for part in wanted)
+            }
             for model, path in models.items()
             for size in folders
         }
@@ -118,17 +137,24 @@ def main() -> int:
                     results[workload][name].append(rate)
                     print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
             save()
-        if "ssdlite" in models and "1280x960" in folders:
+        if not args.no_extras and "ssdlite" in models and "1280x960" in folders:
             extras["mixed_pools_images_per_s"] = mixed_bench(
                 models["ssdlite"], folders["1280x960"], work, args.repeat
             )
             save()
-        extras.update(framework_overhead(work, args.repeat))
-        extras["detections_per_s"] = {
-            "postgresql": round(writes.postgres_detections_per_s()),
-            "sqlite": round(writes.sqlite_detections_per_s()),
-        }
-        save()
+        if not args.no_extras:
+            extras.update(framework_overhead(work, args.repeat))
+            ceiling = results.get("ssdlite 1280x960", {}).get(report.CEILING)
+            if ceiling:  # an SSDlite batch of 8 on one process, at the ceiling's best rate
+                batch_ms = 1000 * 8 * len(os.sched_getaffinity(0)) / max(ceiling)
+                extras["framework_share_of_ssdlite_batch"] = {
+                    name: round(ms / batch_ms, 3) for name, ms in extras["framework_ms_per_batch"].items()
+                }
+            extras["detections_per_s"] = {
+                "postgresql": round(writes.postgres_detections_per_s()),
+                "sqlite": round(writes.sqlite_detections_per_s()),
+            }
+            save()
         if args.enqueue_files:
             extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
         summary = save()
@@ -147,16 +173,38 @@ def mixed_bench(model: Path, photos: Path, work: Path, repeat: int) -> dict[str,
     return found
 
 
+OVERHEAD_IMAGES = (400, 2000)  # two job sizes: the difference cancels start-up, leaving the cost per batch
+
+
 def framework_overhead(work: Path, repeat: int) -> dict[str, Any]:
-    """Images/s with a model that costs nothing (fixed boxes) on tiny photos: what the framework costs."""
+    """What the framework costs per batch: a model that costs nothing (fixed boxes) on tiny photos.
+
+    Each deployment runs a job of 400 and one of 2,000 photos; the extra time of the larger, divided by its
+    extra batches per process, is the cost of one batch in steady state (enqueue start-up cancels out).
+    """
     model = save_fixed_box_model(work / "fixed.pt")
-    photos = work / "tiny"
-    write_photos(photos, 400, (64, 48), seed=7)
     cores = len(os.sched_getaffinity(0))
-    extra = {"DETQ_BATCH_SIZE": "8"}
-    embedded = [deployments.detq_embedded(model, photos, work, cores, extra) for _ in range(repeat)]
-    redis_pg = [deployments.detq_redis_postgres(model, photos, work, cores, extra) for _ in range(repeat)]
-    return {"trivial_model_images_per_s": {"embedded": embedded, "redis_postgres": redis_pg}}
+    batch = 8
+    extra = {"DETQ_BATCH_SIZE": str(batch)}
+    folders = {count: work / f"tiny-{count}" for count in OVERHEAD_IMAGES}
+    for count, folder in folders.items():
+        write_photos(folder, count, (64, 48), seed=7)
+    run = {"embedded": deployments.detq_embedded, "redis_postgres": deployments.detq_redis_postgres}
+    rates: dict[str, dict[int, list[float]]] = {name: {n: [] for n in folders} for name in run}
+    for _ in range(repeat):
+        for name, deploy in run.items():
+            for count, folder in folders.items():
+                rates[name][count].append(round(deploy(model, folder, work, cores, extra), 1))
+    small, large = OVERHEAD_IMAGES
+    per_batch_ms = {}
+    for name, by_count in rates.items():
+        seconds = {n: n / max(r) for n, r in by_count.items()}  # best runs
+        extra_batches_per_process = (large - small) / batch / cores
+        per_batch_ms[name] = round(1000 * (seconds[large] - seconds[small]) / extra_batches_per_process, 1)
+    return {
+        "trivial_model_images_per_s": {name: {str(n): r for n, r in c.items()} for name, c in rates.items()},
+        "framework_ms_per_batch": per_batch_ms,
+    }
 
 
 def enqueue_bench(work: Path, files: int) -> dict[str, Any]:

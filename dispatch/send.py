@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 from celery import Celery
 
@@ -27,24 +28,44 @@ def send_batch(
     backup=True sends the batch's backup copy (its own task id), to race a slow run at a queue's tail.
     """
     queue = queue_for_pool(pool)
-    options: dict[str, Any] = {} if declare else {"declare": []}
-    app.send_task(
+    task_id = backup_task_id_for(batch_id) if backup else task_id_for(batch_id)
+    # Celery's own message (protocol 2) and publish, without send_task's per-call routing and option
+    # merging: half the CPU of a send, which is most of `detq enqueue` on a large folder.
+    message = app.amqp.create_task_message(
+        task_id,
         TASK_PROCESS_BATCH,
-        args=BatchMessage(job_id, list(image_ids)).args(),
-        task_id=backup_task_id_for(batch_id) if backup else task_id_for(batch_id),
-        queue=queue,
-        routing_key=queue,
-        producer=producer,
+        BatchMessage(job_id, list(image_ids)).args(),
+        {},
+        reply_to=app.thread_oid,
+        ignore_result=None,
         # What logs and Flower show; Celery's own repr of 16 ids costs more than the rest of the send.
         argsrepr=f"(job {job_id}, {len(image_ids)} images)",
         kwargsrepr="{}",
-        **options,
     )
+    with app.producer_or_acquire(producer) as publisher:
+        app.amqp.send_task_message(
+            publisher,
+            TASK_PROCESS_BATCH,
+            message,
+            queue=queue,
+            routing_key=queue,
+            declare=None if declare else [],
+        )
 
 
 def declare_queue(app: Celery, producer: Any, pool: str) -> None:
     """Declare the pool's queue once on this producer's channel (before sending many batches to it)."""
     producer.maybe_declare(app.amqp.queues[queue_for_pool(pool)])
+
+
+def publish_batch(producer: Any) -> AbstractContextManager[object]:
+    """Buffer the producer's publishes and send them together on leaving the block, where the transport
+    can (Redis: one pipelined round trip instead of one per message); elsewhere each goes out at once.
+
+    kombu's Producer.batch. A failed flush raises BatchPublishError (a broker error: some messages of the
+    block may have arrived, as when a connection drops between single publishes).
+    """
+    return cast(AbstractContextManager[object], producer.batch())
 
 
 def check_broker(app: Celery, timeout_s: int = 5) -> None:

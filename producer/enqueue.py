@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from celery import Celery
-from kombu.exceptions import OperationalError
+from kombu import exceptions as kombu_errors
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import create_batches, mark_sent
@@ -34,8 +34,14 @@ log = logging.getLogger(__name__)
 # Image rows are inserted (and committed) in chunks of this many before their tasks are sent, so the
 # producer's memory stays flat on folders of millions of files and workers start while scanning goes on.
 INSERT_CHUNK = 2000
-# What a broker that cannot be reached raises: kombu wraps connection errors, sockets raise OSError.
-BROKER_ERRORS = (OperationalError, ConnectionError, TimeoutError)
+# What a broker that cannot be reached raises: kombu wraps connection errors (a pipelined publish's in
+# BatchPublishError), sockets raise OSError.
+BROKER_ERRORS = (
+    kombu_errors.OperationalError,
+    kombu_errors.BatchPublishError,  # type: ignore[attr-defined]  # (its stubs predate kombu 5.7)
+    ConnectionError,
+    TimeoutError,
+)
 
 
 class EnqueueError(DetqError, ValueError):

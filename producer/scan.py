@@ -5,17 +5,17 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 # A longer path would not fit PostgreSQL's index on images.path (about 2.7 KB per entry).
 MAX_PATH_BYTES = 2048
 
 
-@dataclass(frozen=True)
-class ScannedFile:
-    """An image file found under one of the job's roots (index into the roots list)."""
+class ScannedFile(NamedTuple):
+    """An image file found under one of the job's roots (index into the roots list); a named tuple, as
+    one is made per file."""
 
     path: str
     size_bytes: int

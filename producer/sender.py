@@ -8,7 +8,7 @@ from types import TracebackType
 
 from celery import Celery
 
-from dispatch.send import declare_queue, send_batch
+from dispatch.send import declare_queue, publish_batch, send_batch
 
 Batches = Sequence[tuple[int, list[int]]]  # (batch id, image ids)
 
@@ -43,7 +43,7 @@ class ChunkSender:
         return future.result()
 
     def _send(self, batches: Batches) -> list[int]:
-        with self.app.producer_or_acquire() as producer:
+        with self.app.producer_or_acquire() as producer, publish_batch(producer):
             declare_queue(self.app, producer, self.pool)
             for batch_id, ids in batches:
                 send_batch(
