@@ -1,7 +1,8 @@
 """`make bench`: every runner on the same photos and models, interleaved, in one invocation.
 
 python -m bench [--images 240] [--large-images 32] [--repeat 3] [--models ssdlite,yolov8] [--no-ray]
-                [--enqueue-files 100000] [--only naive,ceiling,opt] [--no-extras] [--out bench-results]
+                [--enqueue-files 100000] [--only naive,ceiling,opt] [--skip mixed,overhead,writes]
+                [--out bench-results]
 """
 
 from __future__ import annotations
@@ -86,9 +87,7 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", help="comma-separated parts of runner names to run (default: every runner)"
     )
-    parser.add_argument(
-        "--no-extras", action="store_true", help="skip mixed pools, framework overhead and write rates"
-    )
+    parser.add_argument("--skip", default="", help="comma-separated extras to skip: mixed, overhead, writes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     args = parser.parse_args()
     ray = not args.no_ray and ray_data.available()
@@ -137,12 +136,13 @@ def main() -> int:
                     results[workload][name].append(rate)
                     print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
             save()
-        if not args.no_extras and "ssdlite" in models and "1280x960" in folders:
+        skip = {part.strip() for part in args.skip.split(",")}
+        if "mixed" not in skip and "ssdlite" in models and "1280x960" in folders:
             extras["mixed_pools_images_per_s"] = mixed_bench(
                 models["ssdlite"], folders["1280x960"], work, args.repeat
             )
             save()
-        if not args.no_extras:
+        if "overhead" not in skip:
             extras.update(framework_overhead(work, args.repeat))
             ceiling = results.get("ssdlite 1280x960", {}).get(report.CEILING)
             if ceiling:  # an SSDlite batch of 8 on one process, at the ceiling's best rate
@@ -150,6 +150,8 @@ def main() -> int:
                 extras["framework_share_of_ssdlite_batch"] = {
                     name: round(ms / batch_ms, 3) for name, ms in extras["framework_ms_per_batch"].items()
                 }
+            save()
+        if "writes" not in skip:
             extras["detections_per_s"] = {
                 "postgresql": round(writes.postgres_detections_per_s()),
                 "sqlite": round(writes.sqlite_detections_per_s()),
