@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -110,9 +110,16 @@ def _classify(error: BaseException) -> bool | None:
         return error.orig is not None and _classify_driver_error(error.orig)
     if isinstance(error, exc.DisconnectionError | exc.TimeoutError):
         return True
-    if isinstance(error, sqlite3.Error | psycopg.Error):
+    if isinstance(error, sqlite3.Error | _psycopg_error()):
         return _classify_driver_error(error)
     return None
+
+
+def _psycopg_error() -> type[BaseException]:
+    """psycopg's base error, once the driver is loaded (a SQLite deployment never loads it: an error
+    cannot come from a driver that was never imported)."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg.Error if psycopg is not None else sqlite3.Error
 
 
 def _classify_driver_error(orig: BaseException) -> bool:
@@ -125,7 +132,10 @@ def _classify_driver_error(orig: BaseException) -> bool:
             return True
         message = str(orig).lower()
         return any(text in message for text in _SQLITE_TRANSIENT_MESSAGES)
-    if isinstance(orig, psycopg.Error):
+    if isinstance(orig, _psycopg_error()):
+        import psycopg  # loaded already: the error came from it
+
+        assert isinstance(orig, psycopg.Error)
         if orig.sqlstate is not None:
             return orig.sqlstate in _TRANSIENT_SQLSTATES or orig.sqlstate.startswith("08")
         # No SQLSTATE: the server never answered, the connection failed or died on the way.

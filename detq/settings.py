@@ -79,8 +79,8 @@ class Settings(BaseSettings):
     cpu_optimize: bool = Field(
         default=False,
         description=(
-            "Freeze TorchScript models and optimise them for CPU inference: faster, but scores move by about"
-            " 1e-6, so a box right at a threshold may flip (docs/models.md)."
+            "Freeze TorchScript models and optimise them for CPU inference where that runs faster (timed at"
+            " load); scores move by about 1e-6, so a box right at a threshold may flip (docs/models.md)."
         ),
     )
     max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,11 +17,12 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from db.engine import make_engine
-from db.migrate import make_config
+from db.migrate import head_revision, make_config, script_head
 from db.models import Base
 from tests.ledger_support import migrate, revision_of
 
 HEAD = "0003"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def schema_differences(url: str) -> list[Any]:
@@ -41,8 +44,24 @@ def table_names(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_head_is_the_only_head() -> None:
+def test_head_is_the_only_head_and_the_one_detq_checks_for() -> None:
     assert ScriptDirectory.from_config(make_config("sqlite://")).get_heads() == [HEAD]
+    assert head_revision() == script_head() == HEAD
+
+
+def test_opening_a_migrated_ledger_does_not_load_alembic_or_psycopg(tmp_path: Path) -> None:
+    # Given a migrated SQLite ledger
+    url = f"sqlite:///{tmp_path / 'detq.db'}"
+    migrate(url)
+    # When a fresh process opens it, checking its schema (what every command and worker start does)
+    code = (
+        "import sys; from db.ledger import open_ledger; from detq.settings import Settings; "
+        f"open_ledger(Settings(_env_file=None, database_url={url!r})).close(); "
+        "print(sorted(m for m in ('alembic', 'psycopg') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    # Then neither the migration tool nor the PostgreSQL driver was imported: start-up stays short
+    assert done.stdout.strip() == "[]"
 
 
 def test_upgrade_builds_exactly_the_models_schema(database_url: str) -> None:

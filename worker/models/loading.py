@@ -19,7 +19,7 @@ from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, adapter_for
 from worker.models.introspect import torchvision_input_size
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
-from worker.models.optimize import optimized_for_cpu
+from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
 from worker.models.ultralytics import parse_ultralytics_config
 from worker.models.yolo import guess_layout, yolo_tensor
@@ -202,10 +202,14 @@ def load_model_for_device(
             # Read from the model's own transform: the target of DETQ_FAST_DECODE's reduced decode.
             meta = meta.model_copy(update={"input_size": size})
             notes.append(f"input size {size[0]}x{size[1]} read from the model's transform")
-        if cpu_optimize and target.type == "cpu":
-            module, note = optimized_for_cpu(module, path.name)
-            notes.append(note)
         adapter = adapter_for(meta)
+        if cpu_optimize and target.type == "cpu":
+            optimized, note = optimized_for_cpu(module, path.name)
+            notes.append(note)
+            module, verdict = faster_of(
+                module, optimized, lambda m: _warm_up(m, adapter, meta, target, count=1), path.name
+            )
+            notes.extend([verdict] if verdict else [])
         max_batch = _warm_up_and_probe_batch(module, adapter, meta, target)
         if target.type == "cuda":
             torch.cuda.synchronize(target)

@@ -1,4 +1,5 @@
-"""DETQ_CPU_OPTIMIZE freezes a TorchScript model for CPU inference, with outputs equal to the model's own."""
+"""DETQ_CPU_OPTIMIZE freezes a TorchScript model for CPU inference, with outputs equal to the model's own, and
+keeps the frozen graph only where it runs faster."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from tests.support import save_exported_boxes, ultralytics_config
 from worker.models.loading import load_model_for_device
+from worker.models.optimize import TIMED_CALLS, WARM_CALLS, faster_of, optimized_for_cpu
 
 
 class _TinyYolo(torch.nn.Module):
@@ -42,15 +44,69 @@ def test_a_frozen_model_gives_the_same_outputs(tmp_path: Path) -> None:
     # Given a TorchScript model with a convolution and batch norm to fold
     path = _save_tiny_yolo(tmp_path / "tiny.torchscript")
     plain = load_model_for_device(path, "cpu")
-    # When it is loaded with DETQ_CPU_OPTIMIZE
-    frozen = load_model_for_device(path, "cpu", cpu_optimize=True)
-    # Then it is frozen, and its output equals the model's own to float rounding
-    assert "DETQ_CPU_OPTIMIZE: frozen and optimised" in frozen.notes
-    assert list(plain.module.parameters()) and not list(frozen.module.parameters()), "weights folded in"
+    # When it is frozen and optimised
+    frozen, note = optimized_for_cpu(plain.module, path.name)
+    # Then its weights are folded in, and its output equals the model's own to float rounding
+    assert note == "DETQ_CPU_OPTIMIZE: frozen and optimised"
+    assert list(plain.module.parameters()) and not list(frozen.parameters()), "weights folded in"
     x = torch.rand(2, 3, 64, 64)
     with torch.inference_mode():
-        assert torch.allclose(frozen.module(x), plain.module(x), atol=1e-5)
-    assert (frozen.meta.format, frozen.max_batch) == (plain.meta.format, plain.max_batch)
+        assert torch.allclose(frozen(x), plain.module(x), atol=1e-5)
+
+
+def test_a_model_loaded_with_cpu_optimize_runs_whichever_graph_was_faster(tmp_path: Path) -> None:
+    # Given the same model loaded plainly and with DETQ_CPU_OPTIMIZE
+    path = _save_tiny_yolo(tmp_path / "tiny.torchscript")
+    plain = load_model_for_device(path, "cpu")
+    loaded = load_model_for_device(path, "cpu", cpu_optimize=True)
+    # Then the notes say which graph it kept and why, and its outputs and contract are the model's own
+    (verdict,) = [n for n in loaded.notes if "a forward as it was" in n]
+    kept = "kept the optimised graph" in verdict
+    assert kept or "no faster here, left as it was" in verdict
+    assert bool(list(loaded.module.parameters())) is not kept, "the frozen graph has no parameters left"
+    x = torch.rand(2, 3, 64, 64)
+    with torch.inference_mode():
+        assert torch.allclose(loaded.module(x), plain.module(x), atol=1e-5)
+    assert (loaded.meta.format, loaded.max_batch) == (plain.meta.format, plain.max_batch)
+
+
+class _Clock:
+    """A clock that each stand-in forward advances by its module's cost."""
+
+    def __init__(self, costs: dict[str, float]) -> None:
+        self.now = 0.0
+        self.costs = costs
+        self.calls: list[str] = []
+
+    def run(self, module: str) -> None:
+        self.calls.append(module)
+        self.now += self.costs[module]
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_optimised_graph_is_kept_only_when_it_is_faster() -> None:
+    # Given an optimised graph at half the cost, and one at 98% of it
+    fast = _Clock({"original": 0.2, "optimized": 0.1})
+    slow = _Clock({"original": 0.2, "optimized": 0.196})
+    # When each is timed against the original
+    kept, note = faster_of("original", "optimized", fast.run, "m.pt", clock=fast)
+    left, why = faster_of("original", "optimized", slow.run, "m.pt", clock=slow)
+    # Then only the clearly faster one is kept, each note with both times
+    assert (kept, note) == (
+        "optimized",
+        "DETQ_CPU_OPTIMIZE: kept the optimised graph (200 ms a forward as it was, 100 ms optimised)",
+    )
+    assert left == "original" and why.startswith("DETQ_CPU_OPTIMIZE: no faster here, left as it was (200 ms")
+    # And both were warmed up before timing, in alternation
+    assert fast.calls == ["original", "optimized"] * (WARM_CALLS + TIMED_CALLS)
+
+
+def test_a_module_that_could_not_be_optimised_is_not_timed() -> None:
+    clock = _Clock({"original": 0.2})
+    assert faster_of("original", "original", clock.run, "m.pt", clock=clock) == ("original", "")
+    assert clock.calls == []
 
 
 def test_a_torch_export_program_is_left_as_it_is(tmp_path: Path) -> None:
