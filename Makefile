@@ -50,7 +50,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed-dev
 	$(PIP) install --quiet -e '.[worker,dev,bench]'
 	touch $@
 
-# The benchmark suite (bench/): about 30 min on 2 cores; python -m bench --help for smaller runs.
+# The benchmark suite (bench/): about 40 min on 2 cores; python -m bench --help for smaller runs.
 bench: install-dev services $(VENV)/.installed-bench
 	$(PY) -m bench $(BENCH_ARGS)
 
