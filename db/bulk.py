@@ -108,5 +108,7 @@ def next_ids(session: Session, table: Table, count: int) -> list[int]:
             {"table": table.name, "column": key.name, "n": count},
         ).scalars()
         return sorted(int(i) for i in found)
+    if connection.dialect.name != "sqlite":
+        raise NotImplementedError(f"next_ids supports PostgreSQL and SQLite, not {connection.dialect.name}")
     largest = connection.execute(select(func.max(key))).scalar_one_or_none() or 0
     return list(range(largest + 1, largest + 1 + count))

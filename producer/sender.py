@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from types import TracebackType
 
 from celery import Celery
+from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # (stubs predate kombu 5.7)
 
 from dispatch.send import declare_queue, publish_batch, send_batch
+
+log = logging.getLogger(__name__)
 
 Batches = Sequence[tuple[int, list[int]]]  # (batch id, image ids)
 
@@ -43,21 +48,37 @@ class ChunkSender:
         return future.result()
 
     def _send(self, batches: Batches) -> list[int]:
-        with self.app.producer_or_acquire() as producer, publish_batch(producer):
-            declare_queue(self.app, producer, self.pool)
-            for batch_id, ids in batches:
-                send_batch(
-                    self.app,
-                    job_id=self.job_id,
-                    batch_id=batch_id,
-                    image_ids=ids,
-                    pool=self.pool,
-                    producer=producer,
-                    declare=False,
-                )
-                self.images += len(ids)
-                self.batches += 1
+        try:
+            self._publish(batches, pipelined=True)
+        except BatchPublishError as exc:
+            # Some of the chunk's messages may have arrived: sending them again is safe, as the ledger runs
+            # a batch's images once however many copies are queued (the first result is the one written).
+            log.warning(
+                "detq enqueue: a pipelined send of %d batches failed (%s); sending them one by one",
+                len(batches),
+                exc.__cause__ or exc,
+            )
+            self._publish(batches, pipelined=False)
+        self.images += sum(len(ids) for _, ids in batches)
+        self.batches += len(batches)
         return [batch_id for batch_id, _ in batches]
+
+    def _publish(self, batches: Batches, *, pipelined: bool) -> None:
+        """One chunk on one producer: pipelined where the transport can (one round trip on Redis, no retry
+        but the caller's), else each message on its own with Celery's publish retry policy."""
+        with self.app.producer_or_acquire() as producer:
+            with publish_batch(producer) if pipelined else nullcontext():
+                declare_queue(self.app, producer, self.pool)
+                for batch_id, ids in batches:
+                    send_batch(
+                        self.app,
+                        job_id=self.job_id,
+                        batch_id=batch_id,
+                        image_ids=ids,
+                        pool=self.pool,
+                        producer=producer,
+                        declare=False,
+                    )
 
     def __enter__(self) -> ChunkSender:
         return self
