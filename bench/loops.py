@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import time
 from collections.abc import Sequence
 from multiprocessing.synchronize import Barrier
@@ -74,7 +75,27 @@ def ceiling(model_path: Path, photos: Sequence[Path], micro_batch: int = 8, fast
     ]
     for process in processes:
         process.start()
-    elapsed: list[float] = [out.get(timeout=3600) for _ in processes]
+    elapsed = _results(out, processes)
     for process in processes:
         process.join()
     return len(photos) / max(elapsed)
+
+
+def _results(out: Any, processes: Sequence[Any], timeout_s: float = 3600) -> list[float]:
+    """One elapsed time per process; raises at once when one exits without its result (it crashed)."""
+    found: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while len(found) < len(processes):
+        try:
+            found.append(out.get(timeout=1))
+            continue
+        except queue.Empty:
+            pass
+        dead = [p for p in processes if not p.is_alive() and p.exitcode != 0]
+        if dead:
+            for process in processes:
+                process.terminate()
+            raise RuntimeError(f"a ceiling process exited with code {dead[0].exitcode} before its result")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ceiling's processes gave no result in {timeout_s:.0f} s")
+    return found
