@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import cast
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy import Table, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,14 +18,6 @@ from db.models import Detection, Image
 from tests.ledger_support import migrate
 
 Factory = sessionmaker[Session]
-
-
-@pytest.fixture()
-def factory(database_url: str) -> Iterator[Factory]:
-    migrate(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def new_job(factory: Factory) -> tuple[int, int]:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.claims_repo import claim, claimable_images
-from db.engine import make_engine, make_session_factory
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from db.models import Image, WorkerRecord, utcnow
@@ -24,19 +21,10 @@ from db.workers_repo import (
     close_worker,
     register_worker,
 )
-from tests.ledger_support import migrate
 
 Factory = sessionmaker[Session]
 TIMEOUT = timedelta(seconds=30)
 FreeAndBusy = tuple[list[int], int]
-
-
-@pytest.fixture()
-def factory(database_url: str) -> Iterator[Factory]:
-    migrate(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _worker(factory: Factory, pid: int, host_key: str = "other-host/1") -> int:

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.engine import make_engine, make_session_factory
 from db.jobs_repo import create_job, get_or_create_model
 from db.lease_repo import acquire_lease, lease_holder, release_lease
 from db.schedules_repo import RunKey, claim_run, find_run, list_runs, schedule_states
-from tests.ledger_support import migrate
 
 TICK = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 TTL = timedelta(seconds=10)
-
-
-@pytest.fixture()
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    migrate(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _model(factory: sessionmaker[Session]) -> int:
