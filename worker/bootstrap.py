@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import multiprocessing
 import os
@@ -107,13 +108,19 @@ class PoolBootstrap:
                 runtime.metrics = ProcessMetrics()
                 runtime.metrics.model_load.observe((model.load_ms + model.warmup_ms) / 1000)
             self.task.runtime = runtime
+            # Everything so far (torch, the model, Celery) lives as long as the process. Out of the
+            # collector's sight, the first batch no longer pays a full collection of some 400,000 objects
+            # (0.2 s here), nor does any later collection that reaches the oldest generation.
+            gc.freeze()
             log.info(
-                "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads",
+                "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads"
+                " (%d long-lived objects frozen for the garbage collector)",
                 index,
                 os.getpid(),
                 device,
                 self.threads,
                 self.decode_threads,
+                gc.get_freeze_count(),
             )
         except Exception as exc:  # noqa: BLE001 - any start-up failure must stop the whole worker
             log.critical("detq: pool process %d could not start: %s", os.getpid(), exc)

@@ -4,6 +4,7 @@ and the producer side never imports torch."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,10 @@ def test_cuda_saved_model_runs_on_the_cpu_pool(embedded: Deployment, tmp_path: P
     assert _detections_by_file(embedded, from_cuda["job_id"]) == _detections_by_file(
         embedded, from_cpu["job_id"]
     )
+    # And each process put what it loaded at start out of the garbage collector's sight (its first batch
+    # would otherwise pay a full collection of it)
+    frozen = [int(n) for n in re.findall(r"\((\d+) long-lived objects frozen", log)]
+    assert len(frozen) == 2 and min(frozen) > 50_000, frozen
 
 
 def test_broken_model_stops_the_worker_at_start_up(embedded: Deployment, tmp_path: Path) -> None:

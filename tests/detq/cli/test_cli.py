@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterator
@@ -55,6 +56,17 @@ def test_every_command_has_help_an_example_and_help_on_every_option(
     for param in command.params:
         if isinstance(param, click.Option) and param.name != "help":
             assert param.help, f"{path} {param.opts[0]} has no help text"
+
+
+def test_a_command_runs_with_what_its_imports_made_frozen_for_the_garbage_collector() -> None:
+    seen: list[int] = []
+    command = DetqCommand("probe", callback=lambda: seen.append(gc.get_freeze_count()))
+    gc.unfreeze()
+    try:
+        command.main([], standalone_mode=False)
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as before
+    assert seen and seen[0] > 10_000, seen
 
 
 def test_groups_are_detq_groups_and_list_commands_by_role() -> None:
