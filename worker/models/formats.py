@@ -46,7 +46,7 @@ class TorchvisionAdapter:
     def prepare(
         self, images: Sequence[Image.Image], device: torch.device
     ) -> tuple[Any, list[InputTransform]]:
-        return [to_tensor(img).to(device, non_blocking=True) for img in images], [IDENTITY] * len(images)
+        return [to_tensor(img, device) for img in images], [IDENTITY] * len(images)
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         return parse_torchvision_output(output, expected=count)
@@ -72,8 +72,7 @@ class FixedInputAdapter:
                 canvas, transform = stretch_image(img, width, height)
             resized.append(canvas)
             transforms.append(transform)
-        batch = images_to_batch(resized, self.meta.mean, self.meta.std)
-        return batch.to(device, non_blocking=True), transforms
+        return images_to_batch(resized, self.meta.mean, self.meta.std, device), transforms
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         pred = yolo_tensor(output).detach().to("cpu", torch.float32)

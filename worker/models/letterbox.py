@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from worker.models.tensors import CPU, pixels_on
+
 
 @dataclass(frozen=True)
 class InputTransform:
@@ -87,10 +89,13 @@ def stretch_image(img: Image.Image, dst_w: int, dst_h: int) -> tuple[np.ndarray,
 
 
 def images_to_batch(
-    images: Sequence[np.ndarray], mean: Sequence[float] | None, std: Sequence[float] | None
+    images: Sequence[np.ndarray],
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    device: torch.device = CPU,
 ) -> torch.Tensor:
-    """Stack same-size HxWx3 uint8 RGB images into float32 [B, 3, H, W] in [0, 1], then (x - mean) / std if
-    given."""
+    """Stack same-size HxWx3 uint8 RGB images into float32 [B, 3, H, W] in [0, 1] on device, then
+    (x - mean) / std if given. The pixels travel as uint8; the arithmetic runs on the device."""
     if not images:
         raise ValueError("images_to_batch needs at least one image")
     shape = images[0].shape
@@ -101,15 +106,15 @@ def images_to_batch(
             raise ValueError(
                 f"image {i} is {pixels.shape[1]}x{pixels.shape[0]}, expected {shape[1]}x{shape[0]}"
             )
-    array = np.stack(images)  # [B, H, W, 3]
-    batch = torch.from_numpy(array).permute(0, 3, 1, 2).to(torch.float32).div_(255.0).contiguous()
+    stacked = pixels_on(np.stack(images), device)  # [B, H, W, 3]
+    batch = stacked.permute(0, 3, 1, 2).to(torch.float32).div_(255.0).contiguous()
     if mean is not None:
-        batch.sub_(_per_channel(mean, "mean"))
+        batch.sub_(_per_channel(mean, "mean").to(device))
     if std is not None:
         std_t = _per_channel(std, "std")
         if bool((std_t == 0).any()):
             raise ValueError("std must not contain zeros")
-        batch.div_(std_t)
+        batch.div_(std_t.to(device))
     return batch
 
 
