@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from worker.allocator import keep_large_buffers
 from worker.decode import decode_image
 from worker.inference import forward_images
 from worker.models.loading import LoadedModel, load_model_for_device
@@ -53,6 +54,7 @@ def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, 
 def _ceiling_process(
     model_path: Path, photos: list[Path], micro_batch: int, fast: bool, barrier: Barrier, out: Any
 ) -> None:
+    keep_large_buffers()  # as each pool process does (worker/bootstrap.py)
     torch.set_num_threads(1)
     model = load_model_for_device(model_path, "cpu")
     _detect_share(model, photos[:micro_batch], micro_batch, fast)  # warm, as a worker is

@@ -19,6 +19,7 @@ from db.ledger import open_ledger
 from db.workers_repo import ROLE_PROCESS, WorkerIdentity
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
+from worker.allocator import keep_large_buffers
 from worker.devices import device_for_process
 from worker.heartbeat import Heartbeat, host_key
 from worker.metrics import ProcessMetrics
@@ -68,6 +69,8 @@ class PoolBootstrap:
 
             from worker.runtime import WorkerRuntime, load_configured
 
+            if not keep_large_buffers():
+                log.info("not glibc: each large image buffer is mapped afresh (slower decode of big photos)")
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
             torch.set_num_threads(self.threads)

@@ -1,0 +1,53 @@
+"""The pool process allocator: a 64 MB buffer (a 12 MP photo is 36-48 MB) from the heap, kept there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MB64 = 64 * 1024 * 1024
+
+# Run in a child: mallopt changes the whole process, and the test process should keep glibc's defaults.
+_PROBE = textwrap.dedent(
+    """
+    import ctypes, sys
+    from worker.allocator import keep_large_buffers
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.mallinfo2.restype = MallInfo2
+    applied = keep_large_buffers() if sys.argv[1] == "keep" else None
+    before = libc.mallinfo2().hblkhd
+    buffer = libc.malloc(64 * 1024 * 1024)
+    mapped = libc.mallinfo2().hblkhd - before
+    libc.free(buffer)
+    print(applied, mapped, libc.mallinfo2().arena)
+    """
+)
+
+
+def _probe(mode: str) -> tuple[str, int, int]:
+    """Whether keep_large_buffers applied, bytes newly mapped for a 64 MB buffer, the heap after its free."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return out[0], int(out[1]), int(out[2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+def test_a_large_buffer_comes_from_the_heap_and_stays_there_once_large_buffers_are_kept() -> None:
+    applied, mapped, heap = _probe("default")
+    assert applied == "None" and mapped >= MB64  # glibc's default: a fresh mapping, unmapped when freed
+    assert heap < MB64
+    applied, mapped, heap = _probe("keep")
+    assert applied == "True" and mapped == 0  # from the heap ...
+    assert heap >= MB64  # ... which keeps it for the next buffer, rather than trimming it
