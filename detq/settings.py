@@ -11,7 +11,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.vocabulary import ModelFormat, Pool
+from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
 
@@ -81,6 +81,13 @@ class Settings(BaseSettings):
         description=(
             "Freeze TorchScript models and optimise them for CPU inference where that runs faster (timed at"
             " load); scores move by about 1e-6, so a box right at a threshold may flip (docs/models.md)."
+        ),
+    )
+    precision: Precision = Field(
+        default=Precision.FP32,
+        description=(
+            "fp16 or bf16: run the model's weights and inputs at half width, its outputs read as float32:"
+            " faster on GPUs; boxes and scores move a little (docs/models.md)."
         ),
     )
     max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")

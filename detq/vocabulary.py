@@ -34,6 +34,14 @@ class ModelFormat(enum.StrEnum):
         return self is not ModelFormat.TORCHVISION
 
 
+class Precision(enum.StrEnum):
+    """The width of a model's floating arithmetic (DETQ_PRECISION)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
 class ImageStatus(enum.StrEnum):
     """Life of an image row: pending, then exactly one terminal state."""
 

@@ -35,6 +35,8 @@ from demo.shapes import (  # noqa: E402
     render_scene,
     write_dataset,
 )
+from detq.vocabulary import Precision  # noqa: E402
+from worker.models.precision import with_precision  # noqa: E402
 
 DEFAULT_MODEL = REPO / "worker" / "assets" / "demo_detector.pt"
 
@@ -78,12 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="images per forward call (mixed sizes)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--jpeg", action="store_true", help="go through write_dataset's JPEG files")
+    parser.add_argument(
+        "--precision", choices=[p.value for p in Precision], default="fp32", help="as DETQ_PRECISION"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     extra: dict[str, Any] = {"detq.json": ""}
     model = torch.jit.load(str(args.model), map_location="cpu", _extra_files=extra)
     model.eval()
+    model = with_precision(model, Precision(args.precision), torch.device("cpu"))
     raw = extra["detq.json"]
     meta = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw) if raw else {}
     classes = list(meta.get("classes") or CLASSES)
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if threshold is None:
         threshold = float(meta.get("score_threshold") or 0.3)
     size_mb = args.model.stat().st_size / 1e6
-    print(f"model {args.model} ({size_mb:.2f} MB): {json.dumps(meta)}")
+    print(f"model {args.model} ({size_mb:.2f} MB, {args.precision}): {json.dumps(meta)}")
 
     images, gt = held_out_scenes(args.count, args.seed, args.jpeg)
     num_boxes = sum(len(v) for v in gt.values())

@@ -87,9 +87,14 @@ class WorkerRuntime:
 
 
 def load_configured(settings: Settings, path: Path, device: str, sha256: str | None = None) -> LoadedModel:
-    """A model loaded as these settings ask: metadata overrides, and DETQ_CPU_OPTIMIZE."""
+    """A model loaded as these settings ask: metadata overrides, DETQ_CPU_OPTIMIZE and DETQ_PRECISION."""
     return load_model_for_device(
-        path, device, sha256=sha256, overrides=meta_overrides(settings), cpu_optimize=settings.cpu_optimize
+        path,
+        device,
+        sha256=sha256,
+        overrides=meta_overrides(settings),
+        cpu_optimize=settings.cpu_optimize,
+        precision=settings.precision,
     )
 
 

@@ -11,7 +11,7 @@ from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_set
 from detq.cli.output import print_json
 from detq.contract import INFERENCE_QUEUES
 from detq.errors import DetqError
-from detq.vocabulary import ModelFormat, WorkerPool, choices
+from detq.vocabulary import ModelFormat, Precision, WorkerPool, choices
 
 FORMAT_CHOICE = click.Choice(choices(ModelFormat))
 
@@ -129,8 +129,17 @@ def model() -> None:
 @click.option("--device", default="cpu", show_default=True, help="Device to load it on: cpu, cuda:0, ...")
 @click.option("--format", "fmt", type=FORMAT_CHOICE, help="Override its output format.")
 @click.option("--input-size", help="Override its input size: H,W or one number.")
+@click.option(
+    "--precision",
+    type=click.Choice(choices(Precision)),
+    default=Precision.FP32.value,
+    show_default=True,
+    help="Run it as DETQ_PRECISION would.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def inspect(path: Path, device: str, fmt: str | None, input_size: str | None, as_json: bool) -> None:
+def inspect(
+    path: Path, device: str, fmt: str | None, input_size: str | None, precision: str, as_json: bool
+) -> None:
     """What a model file is and whether it runs here.
 
     Format, classes, input size, saved devices, baked device constants; then a real load and warm-up.
@@ -142,7 +151,7 @@ def inspect(path: Path, device: str, fmt: str | None, input_size: str | None, as
     overrides = MetaOverrides(
         format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
     )
-    report = inspect_model(path, device=device, overrides=overrides)
+    report = inspect_model(path, device=device, overrides=overrides, precision=Precision(precision))
     if as_json:
         print_json(report)
     else:

@@ -50,6 +50,33 @@ def test_cuda_saved_model_runs_on_the_cpu_pool(embedded: Deployment, tmp_path: P
     assert len(frozen) == 2 and min(frozen) > 50_000, frozen
 
 
+def test_a_pool_at_half_precision_finds_the_boxes_the_full_precision_pool_finds(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given 8 scenes run through the demo model by a worker at the default fp32
+    images = tmp_path / "images"
+    write_dataset(images, 8, seed=21)
+    with running_worker(embedded, concurrency=1):
+        full = embedded.run_json("enqueue", str(images), "--wait")
+    # When a worker with DETQ_PRECISION=fp16 runs them again (emulated on a CPU without fp16 units: slow)
+    embedded.extra = {**embedded.extra, "DETQ_PRECISION": "fp16"}
+    with running_worker(embedded, concurrency=1) as worker:
+        half = embedded.run_json("enqueue", str(images), "--wait", "--timeout", "300")
+        log = worker.log()
+    # Then it ran at fp16, finished every image and wrote as many boxes per image, each within 2 pixels
+    assert "on cpu at fp16" in log
+    assert half["done"] == full["done"] == 8
+    by_file_full = _detections_by_file(embedded, full["job_id"])
+    by_file_half = _detections_by_file(embedded, half["job_id"])
+    assert {name: len(boxes) for name, boxes in by_file_half.items()} == {
+        name: len(boxes) for name, boxes in by_file_full.items()
+    }
+    for name, boxes in by_file_full.items():
+        for a, b in zip(boxes, by_file_half[name], strict=True):
+            assert a["label"] == b["label"], name
+            assert max(abs(float(x) - float(y)) for x, y in zip(a["box"], b["box"], strict=True)) <= 2.0
+
+
 def test_broken_model_stops_the_worker_at_start_up(embedded: Deployment, tmp_path: Path) -> None:
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"definitely not TorchScript")

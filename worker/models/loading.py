@@ -14,13 +14,14 @@ import torch
 from PIL import Image
 
 from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
-from detq.vocabulary import ModelFormat
+from detq.vocabulary import ModelFormat, Precision
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, adapter_for
 from worker.models.introspect import torchvision_input_size
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
 from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
+from worker.models.precision import cpu_runs_it_natively, with_precision
 from worker.models.ultralytics import parse_ultralytics_config
 from worker.models.yolo import guess_layout, yolo_tensor
 
@@ -162,9 +163,11 @@ def load_model_for_device(
     sha256: str | None = None,
     overrides: MetaOverrides | None = None,
     cpu_optimize: bool = False,
+    precision: Precision = Precision.FP32,
 ) -> LoadedModel:
     """Load with the device remapped, repair baked device constants, settle the format, warm up once;
-    with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled."""
+    with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled; at a reduced
+    precision, wrap it to run under autocast, taking and giving float32."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -187,6 +190,8 @@ def load_model_for_device(
         raise ModelLoadError(f"cannot load {path} as {what} on {target}: {exc}") from exc
     if repaired:
         log.warning("detq: %s had device constants baked into its graph; rewrote %s", path.name, repaired)
+    raw_module = module
+    module = with_precision(module, precision, target)
     meta = resolve_meta(path, extra, overrides or MetaOverrides())
     load_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
@@ -198,12 +203,14 @@ def load_model_for_device(
             log.warning("detq: %s has no format in its metadata: %s", path.name, note)
         if meta.fixed_input:
             meta = meta.with_yolo_defaults()
-        elif meta.input_size is None and (size := torchvision_input_size(module)) is not None:
+        elif meta.input_size is None and (size := torchvision_input_size(raw_module)) is not None:
             # Read from the model's own transform: the target of DETQ_FAST_DECODE's reduced decode.
             meta = meta.model_copy(update={"input_size": size})
             notes.append(f"input size {size[0]}x{size[1]} read from the model's transform")
         adapter = adapter_for(meta)
-        if cpu_optimize and target.type == "cpu":
+        if cpu_optimize and target.type == "cpu" and precision is not Precision.FP32:
+            notes.append(f"DETQ_CPU_OPTIMIZE: not with DETQ_PRECISION={precision}, left as it is")
+        elif cpu_optimize and target.type == "cpu":
             optimized, note = optimized_for_cpu(module, path.name)
             notes.append(note)
             module, verdict = faster_of(
@@ -221,17 +228,26 @@ def load_model_for_device(
         raise ModelLoadError(
             f"{path} loaded but its warm-up forward on {target} failed: {exc}. "
             + (f"Rewrote device constants {repaired}. " if repaired else "")
+            + (
+                f"It may not run at DETQ_PRECISION={precision}: try DETQ_PRECISION=fp32. "
+                if precision is not Precision.FP32
+                else ""
+            )
             + REEXPORT_HINT
         ) from exc
     warmup_ms = (time.perf_counter() - started) * 1000
+    if target.type == "cpu" and not cpu_runs_it_natively(precision):
+        notes.append(f"DETQ_PRECISION={precision}: this CPU has no {precision} units, so it runs emulated")
+        log.warning("detq: %s, much slower than fp32", notes[-1])
     log.info(
-        "detq: loaded model %s (%s, %s, format %s from %s) on %s in %.0f ms, warm-up %.0f ms",
+        "detq: loaded model %s (%s, %s, format %s from %s) on %s at %s in %.0f ms, warm-up %.0f ms",
         path.name,
         digest[:12],
         kind,
         meta.format,
         meta.source,
         target,
+        precision,
         load_ms,
         warmup_ms,
     )

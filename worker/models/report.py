@@ -17,11 +17,17 @@ from detq.modelfile import (
     file_sha256,
     saved_tensor_devices,
 )
+from detq.vocabulary import Precision
 from worker.models.loading import ModelLoadError, load_model_for_device
 from worker.models.metadata import MetaOverrides, ModelMetaError, load_json_object, parse_model_meta
 
 
-def inspect_model(path: Path, device: str = "cpu", overrides: MetaOverrides | None = None) -> dict[str, Any]:
+def inspect_model(
+    path: Path,
+    device: str = "cpu",
+    overrides: MetaOverrides | None = None,
+    precision: Precision = Precision.FP32,
+) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
         "path": str(path),
@@ -31,9 +37,12 @@ def inspect_model(path: Path, device: str = "cpu", overrides: MetaOverrides | No
         "saved_tensor_devices": saved_tensor_devices(path),
         "baked_device_constants": code_device_constants(path),
         "device": device,
+        "precision": precision.value,
     }
     try:
-        loaded = load_model_for_device(path, device, sha256=report["sha256"], overrides=overrides)
+        loaded = load_model_for_device(
+            path, device, sha256=report["sha256"], overrides=overrides, precision=precision
+        )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))
         return report
@@ -41,7 +50,7 @@ def inspect_model(path: Path, device: str = "cpu", overrides: MetaOverrides | No
     report.update(
         loads_here=True,
         format=meta.format,
-        format_source=loaded.notes[0] if loaded.notes else meta.source,
+        format_source=next((n for n in loaded.notes if n.startswith("guessed")), meta.source),
         metadata_source=meta.source,
         classes=list(meta.classes),
         input_size=list(meta.input_size) if meta.input_size else None,
@@ -53,6 +62,7 @@ def inspect_model(path: Path, device: str = "cpu", overrides: MetaOverrides | No
         repaired_device_constants=list(loaded.repaired_devices),
         load_ms=round(loaded.load_ms, 1),
         warmup_ms=round(loaded.warmup_ms, 1),
+        notes=list(loaded.notes),
     )
     return report
 
