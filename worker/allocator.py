@@ -11,7 +11,7 @@ LARGE_BUFFER_BYTES = 256 * 1024 * 1024
 
 def keep_large_buffers(threshold_bytes: int = LARGE_BUFFER_BYTES) -> bool:
     """Serve allocations up to threshold_bytes from the heap and keep up to twice that of free heap;
-    False where the C library is not glibc.
+    False where the C library is not glibc or refuses either setting.
 
     glibc maps every allocation above its threshold (at most 32 MB by its own tuning) freshly with mmap and
     unmaps it when freed, and gives the free top of its heap back past 128 KB. A 12 MP photo's pixels (36 MB

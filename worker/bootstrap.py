@@ -70,7 +70,7 @@ class PoolBootstrap:
             from worker.runtime import WorkerRuntime, load_configured
 
             if not keep_large_buffers():
-                log.info("not glibc: each large image buffer is mapped afresh (slower decode of big photos)")
+                log.info("large image buffers are mapped afresh: not glibc, or it refused a 256 MB threshold")
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
             torch.set_num_threads(self.threads)

@@ -50,7 +50,9 @@ class ReducedPrecision:
         return cast_floats(output, torch.float32)
 
     def __getattr__(self, name: str) -> Any:  # the model's own attributes (its transform, its graph)
-        return getattr(self.__dict__["module"], name)
+        if name == "module":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.module, name)
 
 
 def cpu_runs_it_natively(precision: Precision) -> bool:
