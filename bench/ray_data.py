@@ -59,9 +59,7 @@ def ray_data(model_path: Path, photos: Sequence[Path], batch_size: int = 8) -> f
         began = time.perf_counter()
         # One model actor per core, reads beside them: with a whole CPU each, the actors hold every CPU
         # and the reads wait for ever. (The best of the splits tried on 2 cores; see docs/benchmarks.md.)
-        dataset = ray.data.read_images(
-            [str(p) for p in photos], mode="RGB", ray_remote_args={"num_cpus": 0.25}
-        )
+        dataset = ray.data.read_images([str(p) for p in photos], mode="RGB", num_cpus=0.25)
         counted = dataset.map_batches(
             _Detector,
             fn_constructor_args=(str(model_path),),
