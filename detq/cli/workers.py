@@ -136,9 +136,16 @@ def model() -> None:
     show_default=True,
     help="Run it as DETQ_PRECISION would.",
 )
+@click.option("--cpu-optimize", is_flag=True, help="Load it as DETQ_CPU_OPTIMIZE=true would (timed).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def inspect(
-    path: Path, device: str, fmt: str | None, input_size: str | None, precision: str, as_json: bool
+    path: Path,
+    device: str,
+    fmt: str | None,
+    input_size: str | None,
+    precision: str,
+    cpu_optimize: bool,
+    as_json: bool,
 ) -> None:
     """What a model file is and whether it runs here.
 
@@ -151,7 +158,13 @@ def inspect(
     overrides = MetaOverrides(
         format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
     )
-    report = inspect_model(path, device=device, overrides=overrides, precision=Precision(precision))
+    report = inspect_model(
+        path,
+        device=device,
+        overrides=overrides,
+        precision=Precision(precision),
+        cpu_optimize=cpu_optimize,
+    )
     if as_json:
         print_json(report)
     else:

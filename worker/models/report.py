@@ -27,6 +27,7 @@ def inspect_model(
     device: str = "cpu",
     overrides: MetaOverrides | None = None,
     precision: Precision = Precision.FP32,
+    cpu_optimize: bool = False,
 ) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
@@ -41,7 +42,12 @@ def inspect_model(
     }
     try:
         loaded = load_model_for_device(
-            path, device, sha256=report["sha256"], overrides=overrides, precision=precision
+            path,
+            device,
+            sha256=report["sha256"],
+            overrides=overrides,
+            precision=precision,
+            cpu_optimize=cpu_optimize,
         )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 
+from detq.settings import BUNDLED_MODEL
 from tests.support import save_exported_boxes, ultralytics_config
 from worker.models.loading import load_model_for_device
 from worker.models.optimize import TIMED_CALLS, WARM_CALLS, faster_of, optimized_for_cpu
+from worker.models.report import inspect_model
 
 
 class _TinyYolo(torch.nn.Module):
@@ -119,3 +121,10 @@ def test_models_are_not_frozen_unless_asked(tmp_path: Path) -> None:
     loaded = load_model_for_device(_save_tiny_yolo(tmp_path / "tiny.torchscript"), "cpu")
     assert not any("DETQ_CPU_OPTIMIZE" in note for note in loaded.notes)
     assert list(loaded.module.parameters()), "its weights are still parameters, not folded into the graph"
+
+
+def test_inspect_with_cpu_optimize_reports_which_graph_it_kept_and_why() -> None:
+    report = inspect_model(BUNDLED_MODEL, cpu_optimize=True)
+    assert report["loads_here"] is True
+    assert any(note.startswith("DETQ_CPU_OPTIMIZE: ") for note in report["notes"]), report["notes"]
+    assert not any("DETQ_CPU_OPTIMIZE" in note for note in inspect_model(BUNDLED_MODEL)["notes"])
