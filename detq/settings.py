@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     precision: Precision = Field(
         default=Precision.FP32,
         description=(
-            "fp16 or bf16: run the model's weights and inputs at half width, its outputs read as float32:"
+            "fp16 or bf16: run the model under autocast at half width, its outputs read as float32:"
             " faster on GPUs; boxes and scores move a little (docs/models.md)."
         ),
     )

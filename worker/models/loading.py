@@ -190,8 +190,6 @@ def load_model_for_device(
         raise ModelLoadError(f"cannot load {path} as {what} on {target}: {exc}") from exc
     if repaired:
         log.warning("detq: %s had device constants baked into its graph; rewrote %s", path.name, repaired)
-    raw_module = module
-    module = with_precision(module, precision, target)
     meta = resolve_meta(path, extra, overrides or MetaOverrides())
     load_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
@@ -203,13 +201,15 @@ def load_model_for_device(
             log.warning("detq: %s has no format in its metadata: %s", path.name, note)
         if meta.fixed_input:
             meta = meta.with_yolo_defaults()
-        elif meta.input_size is None and (size := torchvision_input_size(raw_module)) is not None:
+        elif meta.input_size is None and (size := torchvision_input_size(module)) is not None:
             # Read from the model's own transform: the target of DETQ_FAST_DECODE's reduced decode.
             meta = meta.model_copy(update={"input_size": size})
             notes.append(f"input size {size[0]}x{size[1]} read from the model's transform")
         adapter = adapter_for(meta)
-        if cpu_optimize and target.type == "cpu" and precision is not Precision.FP32:
-            notes.append(f"DETQ_CPU_OPTIMIZE: not with DETQ_PRECISION={precision}, left as it is")
+        if precision is not Precision.FP32:  # the format is settled at fp32; the warm-up runs at precision
+            module = with_precision(module, precision, target)
+            if cpu_optimize and target.type == "cpu":
+                notes.append(f"DETQ_CPU_OPTIMIZE: not with DETQ_PRECISION={precision}, left as it is")
         elif cpu_optimize and target.type == "cpu":
             optimized, note = optimized_for_cpu(module, path.name)
             notes.append(note)

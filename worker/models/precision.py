@@ -49,11 +49,6 @@ class ReducedPrecision:
             output = self.module(inputs)
         return cast_floats(output, torch.float32)
 
-    def __getattr__(self, name: str) -> Any:  # the model's own attributes (its transform, its graph)
-        if name == "module":  # not set yet (a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.module, name)
-
 
 def cpu_runs_it_natively(precision: Precision) -> bool:
     """Whether this CPU has units for precision (AVX512-BF16 or AMX for bf16, AVX512-FP16 or AMX for
