@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, Job, ModelRecord, utcnow
+from db.upsert import insert_ignoring_conflicts
 from detq.vocabulary import ImageStatus
 
 
@@ -32,21 +32,7 @@ def get_or_create_model(
 ) -> ModelRecord:
     """The model row of this sha256, inserted if missing; race-safe across processes on both databases."""
     values = {"sha256": sha256, "path": path, "size_bytes": size_bytes, "meta": meta, "created_at": utcnow()}
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        session.execute(
-            postgresql.insert(ModelRecord)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=[ModelRecord.sha256])
-        )
-    elif dialect == "sqlite":
-        session.execute(
-            sqlite.insert(ModelRecord)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=[ModelRecord.sha256])
-        )
-    elif session.scalar(select(ModelRecord.id).where(ModelRecord.sha256 == sha256)) is None:
-        session.execute(insert(ModelRecord).values(values))
+    session.execute(insert_ignoring_conflicts(session, ModelRecord, values, ["sha256"]))
     return session.scalars(select(ModelRecord).where(ModelRecord.sha256 == sha256)).one()
 
 

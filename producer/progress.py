@@ -9,10 +9,6 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
-
 from detq.errors import DetqError
 from detq.vocabulary import JobState
 from producer.status import JobStatus
@@ -98,6 +94,12 @@ def wait_with_progress(
     `hint` (asked every hint_every_s) may say why nothing moves, e.g. that no worker listens; each new
     hint is printed once, on its own line.
     """
+    # rich is imported here, not with the module: `detq enqueue` imports this module, and rich's
+    # 40 ms would delay its first task even when it does not wait.
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
     console = Console(file=stream, highlight=False)
     window = RateWindow()
     started = time.monotonic()

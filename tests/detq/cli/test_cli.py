@@ -263,3 +263,29 @@ def test_the_command_line_loads_a_commands_module_only_when_it_runs() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_enqueue_on_sqlite_imports_neither_the_postgresql_dialect_nor_rich(embedded: Path) -> None:
+    """Its start-up delays the job's first task: what it does not use, it does not import."""
+    import subprocess
+    import sys
+
+    photos = embedded / "photos"
+    photos.mkdir()
+    write_jpeg(photos / "a.jpg", (64, 48))
+    code = (
+        "import sys\n"
+        "from detq.cli.main import main\n"
+        "assert main(['enqueue', sys.argv[1], '--json']) == 0\n"
+        "unused = [m for m in ('sqlalchemy.dialects.postgresql', 'psycopg', 'rich') if m in sys.modules]\n"
+        "assert not unused, unused\n"
+        "assert 'sqlalchemy.dialects.sqlite' in sys.modules\n"
+    )
+    # The first command of a deployment creates its schema with Alembic, which imports every dialect; the
+    # nightly enqueue is not the first.
+    assert main(["db", "upgrade"]) == 0
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(photos)], capture_output=True, text=True, timeout=120, cwd=embedded
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["total"] == 1
