@@ -4,18 +4,37 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from queue import Empty
 from time import monotonic, sleep
 from typing import Any
 
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 log = logging.getLogger(__name__)
 
 PARTIAL_SUFFIX = ".partial"
+
+
+class QoS(virtual.QoS):
+    """kombu's prefetch accounting, which also wakes the node's drain loop when a slot frees."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        super().ack(delivery_tag)
+        _wake(self.channel)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        super().reject(delivery_tag, requeue=requeue)
+        _wake(self.channel)
+
+
+def _wake(channel: Any) -> None:
+    transport = channel.connection
+    if isinstance(transport, Transport):
+        transport.slot_freed.set()
 
 
 class Channel(filesystem.Channel):
@@ -25,6 +44,8 @@ class Channel(filesystem.Channel):
 
     A dropped message is a lost batch like any other: the reconciler sends it again.
     """
+
+    QoS = QoS
 
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
         # (The ignore: kombu's stubs name this argument differently in its two base classes.)
@@ -46,12 +67,15 @@ class Channel(filesystem.Channel):
 
 
 class Transport(filesystem.Transport):
-    """kombu's filesystem transport with the safe channel, polling faster while the node is busy.
+    """kombu's filesystem transport with the safe channel, waking for a free prefetch slot, polling faster
+    while the node is busy.
 
     kombu's loop sleeps polling_interval after every empty poll, also when the node cannot take a message
     because each prefetch slot is in use: a pool process that finishes a batch then waits half that
-    interval on average for its next one. While the node is busy (slots full, or a message taken in the
-    last BUSY_S seconds) this loop sleeps busy_polling_interval instead; an idle node polls as configured.
+    interval on average for its next one. Here a node whose slots are full waits for an ack or a reject
+    (QoS sets slot_freed) and polls the moment one comes, without spinning meanwhile; a node with a free
+    slot that took a message in the last BUSY_S seconds polls every busy_polling_interval, an idle node
+    as configured.
     """
 
     Channel = Channel
@@ -59,27 +83,37 @@ class Transport(filesystem.Transport):
     BUSY_S = 2.0
     _last_delivery = float("-inf")
 
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.slot_freed = threading.Event()
+
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         # (The ignore: as for _put, kombu's stubs give this method two signatures in its two bases.)
         cycle, idle = self.cycle, float(self.polling_interval or 0.0)
         assert cycle is not None, "kombu sets the cycle when the transport is created"
         began = monotonic()
         while True:
+            self.slot_freed.clear()  # before the poll: an ack from here on ends the wait below at once
             try:
                 cycle.get(self._deliver, timeout=timeout)
             except Empty:
                 now = monotonic()
                 if timeout is not None and now - began >= timeout:
                     raise TimeoutError() from None
-                pause = self.busy_polling_interval if self._busy(now) else idle
+                full = self._slots_full()
+                pause = self.busy_polling_interval if self._recent(now) and not full else idle
                 if timeout is not None:
                     pause = min(pause, max(0.0, timeout - (now - began)))
-                sleep(pause)
+                if full:
+                    self.slot_freed.wait(pause)
+                else:
+                    sleep(pause)
             else:
                 self._last_delivery = monotonic()
                 return
 
-    def _busy(self, now: float) -> bool:
-        if now - self._last_delivery < self.BUSY_S:
-            return True
+    def _slots_full(self) -> bool:
         return any(channel._consumers and not channel.qos.can_consume() for channel in self.channels or ())
+
+    def _recent(self, now: float) -> bool:
+        return now - self._last_delivery < self.BUSY_S
