@@ -30,10 +30,12 @@ def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: dat
     """One row per batch of these sizes; their ids, in the order of sizes.
 
     New batches of one size are interchangeable, so each size is one multi-row INSERT ... RETURNING in any
-    order (an ordered RETURNING makes SQLite insert row by row).
+    order (an ordered RETURNING makes SQLite insert row by row). Sizes are inserted in the order they first
+    appear, so where each size's batches are contiguous (full ones, then a job's tapered tail) the ids
+    ascend in the order of sizes, the order they are sent in.
     """
     fresh: dict[int, list[int]] = {}
-    for size in sorted(set(sizes)):
+    for size in dict.fromkeys(sizes):
         rows = [{"job_id": job_id, "size": size, "created_at": now, "sends": 0} for s in sizes if s == size]
         fresh[size] = sorted(session.scalars(insert(Batch).returning(Batch.id), rows), reverse=True)
     return [fresh[size].pop() for size in sizes]

@@ -67,6 +67,7 @@ def _run(
             model_path=settings.model,
             pool=Pool.CPU,
             batch_size=settings.batch_size,
+            worker_timeout_s=settings.worker_timeout,
         )
         print(f"detq demo: job {result.job_id}: {result.total} images in {result.batches} batches")
 

@@ -24,10 +24,12 @@ from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
 from detq.vocabulary import Pool
 from dispatch.send import check_broker
 from producer.enqueue_watch import EnqueueWatch
+from producer.fleet import processes_on_queue
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.read_ahead import ChunksAhead
 from producer.scan import ScannedFile, scan_roots
 from producer.sender import ChunkSender
+from producer.taper import tapered_sizes
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +107,15 @@ def enqueue_folders(
     run_key: RunKey | None = None,
     heartbeat_s: float = 5.0,
     model_sha256: str | None = None,
+    worker_timeout_s: float | None = None,
 ) -> EnqueueResult:
     """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
 
     only_new queues only files new or changed since this model last processed them, and earlier failures
     up to max_retries (producer/incremental.py). run_key makes the job a scheduled run, created only if no
     job has that key yet (else RunAlreadyClaimed). model_sha256 spares hashing a model the caller hashed.
+    With worker_timeout_s, the job's last batches taper for the pool processes heard from within it
+    (producer/taper.py); without, every batch is full.
     """
     queue = queue_for_pool(pool)
     try:
@@ -126,6 +131,10 @@ def enqueue_folders(
     sha256 = model_sha256 or file_sha256(model_file)
     meta = read_embedded_meta(model_file)
     job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
+    processes = 0
+    if worker_timeout_s is not None:
+        with factory() as session:
+            processes = processes_on_queue(session, queue, utcnow(), timeout_s=worker_timeout_s)
 
     tally = Tally() if only_new else None
     recorded = 0  # rows, refused names included
@@ -142,10 +151,15 @@ def enqueue_folders(
                     raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
                 with factory() as session, session.begin():
                     mark_sent(session, sent, utcnow())
+                    # A short chunk is the last: its batches taper (a folder of an exact multiple of
+                    # INSERT_CHUNK files ends on a full chunk and keeps full batches).
+                    last = len(chunk) < INSERT_CHUNK
                     if tally is not None:
                         # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
                         chunk = select_files(session, model_id, chunk, max_retries, tally)
-                    batches, refused = _record_chunk(session, job_id, chunk, batch_size)
+                    batches, refused = _record_chunk(
+                        session, job_id, chunk, batch_size, processes if last else 0
+                    )
                 recorded += refused + sum(len(ids) for _, ids in batches)
                 sent = sender.submit(batches)  # sent while the next chunk is scanned and recorded
                 if on_progress is not None:
@@ -218,15 +232,20 @@ def _create_job(
 
 
 def _record_chunk(
-    session: Session, job_id: int, chunk: Sequence[ScannedFile], batch_size: int
+    session: Session, job_id: int, chunk: Sequence[ScannedFile], batch_size: int, processes: int
 ) -> tuple[list[tuple[int, list[int]]], int]:
-    """Insert a chunk's rows (refused names as rejected) in batches; (batch id, image ids) to send."""
+    """Insert a chunk's rows (refused names as rejected) in batches, tapered for `processes` (0: full
+    batches); (batch id, image ids) to send."""
     now = utcnow()
     refused = [
         NewImage(f.path, f.size_bytes, f.mtime, f.root_index, rejected=f.refused) for f in chunk if f.refused
     ]
     accepted = [f for f in chunk if not f.refused]
-    groups = [accepted[i : i + batch_size] for i in range(0, len(accepted), batch_size)]
+    groups: list[list[ScannedFile]] = []
+    start = 0
+    for size in tapered_sizes(len(accepted), batch_size, processes):
+        groups.append(accepted[start : start + size])
+        start += size
     batch_ids = create_batches(session, job_id, [len(g) for g in groups], now)
     rows = [
         NewImage(f.path, f.size_bytes, f.mtime, f.root_index, batch_id=batch_id)

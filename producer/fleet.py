@@ -9,7 +9,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from db.models import WorkerRecord, as_utc
-from db.workers_repo import list_workers
+from db.workers_repo import ROLE_PROCESS, list_workers, live_workers
+from detq.contract import QUEUES_BY_POOL
+from detq.vocabulary import WorkerPool
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,17 @@ def fleet(
 def listening_pools(views: list[WorkerView]) -> set[str]:
     """The pools with at least one live node consuming them."""
     return {v.pool for v in views if v.role == "node" and v.state == "alive"}
+
+
+def processes_on_queue(session: Session, queue: str, now: datetime, *, timeout_s: float) -> int:
+    """Live pool processes (heard from within timeout_s) whose node consumes this queue."""
+    count = 0
+    for worker in live_workers(session, now - timedelta(seconds=timeout_s)):
+        if worker.role != ROLE_PROCESS:
+            continue
+        try:
+            queues = QUEUES_BY_POOL[WorkerPool(worker.pool)]
+        except (ValueError, KeyError):
+            continue
+        count += queue in queues
+    return count

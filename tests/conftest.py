@@ -6,8 +6,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -87,3 +91,15 @@ def redis_url() -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture()
+def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a migrated SQLite or PostgreSQL database (database_url runs each test on both)."""
+    from db.engine import make_engine, make_session_factory
+    from tests.ledger_support import migrate
+
+    migrate(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()

@@ -103,6 +103,7 @@ def enqueue(
             only_new=only_new,
             max_retries=settings.max_retries,
             heartbeat_s=settings.heartbeat_interval_s,
+            worker_timeout_s=settings.worker_timeout,
         )
         if show_scan:
             click.echo("\r\x1b[2K", err=True, nl=False)

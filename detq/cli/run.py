@@ -177,6 +177,7 @@ def _process(
             only_new=True,
             max_retries=settings.max_retries,
             heartbeat_s=settings.heartbeat_interval_s,
+            worker_timeout_s=settings.worker_timeout,
             model_sha256=sha256,
         )
         job_ids = [*unfinished, new.job_id]

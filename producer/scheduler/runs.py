@@ -27,6 +27,7 @@ class RunDefaults:
     max_retries: int
     allowed_roots: Sequence[Path] = ()
     heartbeat_s: float = 5.0
+    worker_timeout_s: float | None = None  # the live fleet the last batches taper for (None: no taper)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def run_schedule(
             max_retries=defaults.max_retries,
             run_key=key,
             heartbeat_s=defaults.heartbeat_s,
+            worker_timeout_s=defaults.worker_timeout_s,
         )
     except RunAlreadyClaimed:
         log.info("detq scheduler: %s for %s already ran; nothing sent", key.schedule_name, key.scheduled_for)

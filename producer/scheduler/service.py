@@ -53,6 +53,7 @@ def _serve(
         max_retries=settings.max_retries,
         allowed_roots=settings.allowed_root_paths,
         heartbeat_s=settings.heartbeat_interval_s,
+        worker_timeout_s=settings.worker_timeout,
     )
     # One engine: the beat thread and the control task each check out their own pooled connection.
     register_control_task(app, make_run_handler(sessions, app, schedules, defaults))

@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.engine import make_engine, make_session_factory
 from db.history_repo import PastOutcome
 from db.images_repo import ImageResult, NewImage, insert_images, record_results
 from db.jobs_repo import create_job, get_or_create_model
 from detq.vocabulary import ImageStatus, Pool
 from producer.incremental import Decision, Tally, decide, select_files
 from producer.scan import ScannedFile
-from tests.ledger_support import migrate
 
 FILE = ScannedFile(path="/d/a.png", size_bytes=100, mtime=5.0, root_index=0)
 
@@ -41,14 +39,6 @@ def outcome(status: ImageStatus, size: int = 100, mtime: float = 5.0) -> PastOut
 )
 def test_decide(history: list[PastOutcome], decision: Decision) -> None:
     assert decide(FILE, history, max_retries=2) is decision
-
-
-@pytest.fixture()
-def factory(database_url: str) -> sessionmaker[Session]:
-    migrate(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _model(session: Session, sha: str) -> int:
