@@ -27,6 +27,14 @@ MIN_BATCH_SIZE = 1
 MAX_BATCH_SIZE = 1024
 
 
+def queues_of_worker_pool(pool: str) -> tuple[str, ...]:
+    """The queues a worker of this pool (as its worker row names it) consumes; none for an unknown one."""
+    try:
+        return QUEUES_BY_POOL[WorkerPool(pool)]
+    except ValueError:
+        return ()
+
+
 def queue_for_pool(pool: Pool | str) -> str:
     """The queue a job's tasks go to."""
     try:

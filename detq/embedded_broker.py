@@ -7,7 +7,7 @@ import os
 import threading
 import uuid
 from queue import Empty
-from time import monotonic, sleep
+from time import monotonic
 from typing import Any
 
 from kombu.transport import filesystem, virtual
@@ -104,10 +104,9 @@ class Transport(filesystem.Transport):
                 pause = self.busy_polling_interval if self._recent(now) and not full else idle
                 if timeout is not None:
                     pause = min(pause, max(0.0, timeout - (now - began)))
-                if full:
-                    self.slot_freed.wait(pause)
-                else:
-                    sleep(pause)
+                # An ack ends the pause whether or not the slots were full when looked at: one that came
+                # between the poll and that look has set the event already, and the next poll is at once.
+                self.slot_freed.wait(pause)
             else:
                 self._last_delivery = monotonic()
                 return

@@ -15,8 +15,7 @@ from datetime import datetime
 from db.batches_repo import OpenBatch
 from db.models import WorkerRecord, as_utc
 from db.workers_repo import ROLE_NODE
-from detq.contract import QUEUES_BY_POOL, backup_task_id_for, queue_for_pool, task_id_for
-from detq.vocabulary import WorkerPool
+from detq.contract import backup_task_id_for, queue_for_pool, queues_of_worker_pool, task_id_for
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,8 @@ def node_loads(workers: Sequence[WorkerRecord]) -> list[NodeLoad]:
     processes = Counter(w.node for w in workers if w.role != ROLE_NODE)
     loads = []
     for worker in workers:
-        if worker.role != ROLE_NODE:
-            continue
-        try:
-            queues = QUEUES_BY_POOL[WorkerPool(worker.pool)]
-        except (ValueError, KeyError):
+        queues = queues_of_worker_pool(worker.pool)
+        if worker.role != ROLE_NODE or not queues:
             continue
         held = frozenset(worker.held or [])
         loads.append(NodeLoad(worker.node, queues, processes.get(worker.node, 0), held))

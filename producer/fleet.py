@@ -10,8 +10,7 @@ from sqlalchemy.orm import Session
 
 from db.models import WorkerRecord, as_utc
 from db.workers_repo import ROLE_PROCESS, list_workers, live_workers
-from detq.contract import QUEUES_BY_POOL
-from detq.vocabulary import WorkerPool
+from detq.contract import queues_of_worker_pool
 
 
 @dataclass(frozen=True)
@@ -81,13 +80,5 @@ def listening_pools(views: list[WorkerView]) -> set[str]:
 
 def processes_on_queue(session: Session, queue: str, now: datetime, *, timeout_s: float) -> int:
     """Live pool processes (heard from within timeout_s) whose node consumes this queue."""
-    count = 0
-    for worker in live_workers(session, now - timedelta(seconds=timeout_s)):
-        if worker.role != ROLE_PROCESS:
-            continue
-        try:
-            queues = QUEUES_BY_POOL[WorkerPool(worker.pool)]
-        except (ValueError, KeyError):
-            continue
-        count += queue in queues
-    return count
+    workers = live_workers(session, now - timedelta(seconds=timeout_s))
+    return sum(w.role == ROLE_PROCESS and queue in queues_of_worker_pool(w.pool) for w in workers)

@@ -11,6 +11,7 @@ from detq.contract import (
     check_batch_size,
     parse_batch_args,
     queue_for_pool,
+    queues_of_worker_pool,
 )
 from detq.vocabulary import Pool
 
@@ -58,3 +59,9 @@ def test_pools_map_to_their_queues() -> None:
     assert [queue_for_pool(p) for p in Pool] == ["any", "gpu", "cpu"]
     with pytest.raises(ValueError, match="unknown pool"):
         queue_for_pool("tpu")
+
+
+def test_a_worker_rows_pool_names_the_queues_it_consumes() -> None:
+    assert queues_of_worker_pool("cpu") == ("cpu", "any")
+    assert queues_of_worker_pool("gpu") == ("gpu", "any")
+    assert queues_of_worker_pool("tpu") == ()

@@ -4,12 +4,15 @@ node takes its next message as soon as a slot frees, and a busy one polls fast."
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
 from typing import Any
 
 import pytest
-from kombu import Consumer, Queue
+from kombu import Connection, Consumer, Queue
 from kombu.message import Message
 
 from detq.celery_app import make_celery_app
@@ -36,11 +39,19 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Pat
     assert list(queue.glob("*.msg")) == []
 
 
-def test_a_full_node_waits_for_an_ack_without_polling_and_takes_the_next_message_at_once(
-    tmp_path: Path,
-) -> None:
-    # Given a consumer on the embedded broker with one prefetch slot, two messages queued, and an idle
-    # polling interval far longer than the test
+@dataclass
+class OneSlotConsumer:
+    """A consumer of queue "any" on the embedded broker with one prefetch slot, what it received so far."""
+
+    settings: Settings
+    connection: Connection
+    transport: Transport
+    received: list[Message]
+
+
+@contextmanager
+def one_slot_consumer(tmp_path: Path) -> Iterator[OneSlotConsumer]:
+    """Two messages queued on the embedded broker, and a consumer with one prefetch slot over them."""
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
     app = make_celery_app(settings)
     for n in (1, 2):
@@ -52,30 +63,39 @@ def test_a_full_node_waits_for_an_ack_without_polling_and_takes_the_next_message
         channel = connection.default_channel
         channel.basic_qos(prefetch_count=1)
         with Consumer(channel, [Queue("any")], callbacks=[lambda body, message: received.append(message)]):
-            connection.drain_events(timeout=2)
-            assert len(received) == 1 and transport._slots_full()
-            transport.polling_interval = 30.0
-            polls = 0
-            cycle = transport.cycle
-            assert cycle is not None
-            real_get = cycle.get
-
-            def counted_get(*args: Any, **kwargs: Any) -> Any:
-                nonlocal polls
-                polls += 1
-                return real_get(*args, **kwargs)
-
-            cycle.get = counted_get  # type: ignore[method-assign]
-            # When its pool acks the first message 0.3 s later, on another thread (as Celery's does)
-            acker = threading.Timer(0.3, received[0].ack)
-            began = monotonic()
-            acker.start()
-            connection.drain_events(timeout=20)
-            waited = monotonic() - began
-            acker.join()
+            yield OneSlotConsumer(settings, connection, transport, received)
     app.close()
+
+
+def test_a_full_node_waits_for_an_ack_without_polling_and_takes_the_next_message_at_once(
+    tmp_path: Path,
+) -> None:
+    # Given a consumer with one prefetch slot, two messages queued, and an idle polling interval far
+    # longer than the test
+    with one_slot_consumer(tmp_path) as node:
+        node.connection.drain_events(timeout=2)
+        assert len(node.received) == 1 and node.transport._slots_full()
+        node.transport.polling_interval = 30.0
+        polls = 0
+        cycle = node.transport.cycle
+        assert cycle is not None
+        real_get = cycle.get
+
+        def counted_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal polls
+            polls += 1
+            return real_get(*args, **kwargs)
+
+        cycle.get = counted_get  # type: ignore[method-assign]
+        # When its pool acks the first message 0.3 s later, on another thread (as Celery's does)
+        acker = threading.Timer(0.3, node.received[0].ack)
+        began = monotonic()
+        acker.start()
+        node.connection.drain_events(timeout=20)
+        waited = monotonic() - began
+        acker.join()
     # Then the second message came right after the ack, not at the next poll 30 s on
-    assert len(received) == 2
+    assert len(node.received) == 2
     assert 0.25 <= waited < 5, waited
     # And the node did not poll while its slot was full: one poll before the wait, one after the ack
     # (a loop polling every 5 ms would have polled about 60 times)
@@ -85,34 +105,23 @@ def test_a_full_node_waits_for_an_ack_without_polling_and_takes_the_next_message
 def test_a_node_with_a_free_slot_polls_fast_after_a_delivery_and_as_configured_when_idle(
     tmp_path: Path,
 ) -> None:
-    # Given a consumer on the embedded broker with one prefetch slot, and two messages queued
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
-    app = make_celery_app(settings)
-    for n in (1, 2):
-        app.send_task(TASK_PROCESS_BATCH, args=[1, [n]], queue="any", routing_key="any")
-    received: list[Message] = []
-    with app.connection_for_read() as connection:
-        transport = connection.transport
-        assert isinstance(transport, Transport)
-        channel = connection.default_channel
-        channel.basic_qos(prefetch_count=1)
-        with Consumer(channel, [Queue("any")], callbacks=[lambda body, message: received.append(message)]):
-            # Then a node that has taken nothing is neither recent nor full
-            assert not transport._recent(monotonic()) and not transport._slots_full()
-            # When it takes the first message, its slot is full
-            connection.drain_events(timeout=2)
-            assert len(received) == 1 and transport._slots_full()
-            # And once it acks, the slot is free, and it counts as recent for BUSY_S after its delivery
-            received[0].ack()
-            assert not transport._slots_full()
-            assert transport._recent(monotonic())
-            assert not transport._recent(monotonic() + 2 * transport.BUSY_S)
-            # And an empty wait ends at the timeout, not at the next idle poll
-            connection.drain_events(timeout=2)
-            received[1].ack()
-            began = monotonic()
-            with pytest.raises(TimeoutError):
-                connection.drain_events(timeout=0.01)
-            assert monotonic() - began < settings.broker_polling_interval + 0.5
-    app.close()
-    assert len(received) == 2
+    with one_slot_consumer(tmp_path) as node:
+        transport = node.transport
+        # Then a node that has taken nothing is neither recent nor full
+        assert not transport._recent(monotonic()) and not transport._slots_full()
+        # When it takes the first message, its slot is full
+        node.connection.drain_events(timeout=2)
+        assert len(node.received) == 1 and transport._slots_full()
+        # And once it acks, the slot is free, and it counts as recent for BUSY_S after its delivery
+        node.received[0].ack()
+        assert not transport._slots_full()
+        assert transport._recent(monotonic())
+        assert not transport._recent(monotonic() + 2 * transport.BUSY_S)
+        # And an empty wait ends at the timeout, not at the next idle poll
+        node.connection.drain_events(timeout=2)
+        node.received[1].ack()
+        began = monotonic()
+        with pytest.raises(TimeoutError):
+            node.connection.drain_events(timeout=0.01)
+        assert monotonic() - began < node.settings.broker_polling_interval + 0.5
+    assert len(node.received) == 2
