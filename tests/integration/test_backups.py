@@ -27,6 +27,7 @@ pytestmark = pytest.mark.integration
 # slow one, at 3% of a core, about 13 s for its one batch.
 IMAGES = 24
 SLOW_MS = 100
+SLOW_BATCH = re.compile(r"batch of \d+:")
 
 
 def test_an_idle_worker_races_a_throttled_one_and_the_job_ends_before_the_slow_batch(
@@ -50,11 +51,12 @@ def test_an_idle_worker_races_a_throttled_one_and_the_job_ends_before_the_slow_b
             )
             finished = time.monotonic()
             # Then the job finished while the slow worker was still on its batch
-            assert "batch of 4:" not in slow.log(), "the slow worker finished a batch: nothing was raced"
+            # (Its batch may hold fewer than 4 images: the job's last batches taper for the two processes.)
+            assert not SLOW_BATCH.search(slow.log()), "the slow worker finished a batch: nothing was raced"
         # And when it ends, its batch found its images finished by the backup
-        wait_until(lambda: "batch of 4:" in slow.log(), 120, "the slow batch ended")
+        wait_until(lambda: SLOW_BATCH.search(slow.log()) is not None, 120, "the slow batch ended")
     print(f"\nmixed pools: job finished {finished - started:.1f} s after enqueue")
-    (taken,) = [int(n) for n in re.findall(r"batch of 4: .* (\d+) already finished or taken", slow.log())]
+    (taken,) = [int(n) for n in re.findall(r"batch of \d+: .* (\d+) already finished or taken", slow.log())]
     assert taken >= 1, "the backup finished none of the slow batch's images first"
     check = check_ledger(deployment, job_id, images, before)
     assert set(check.statuses.values()) == {"done"}
