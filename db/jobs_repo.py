@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, Job, ModelRecord, utcnow
@@ -85,10 +85,20 @@ def end_pending_images(session: Session, job_id: int, status: ImageStatus, reaso
 
 
 def delete_job(session: Session, job_id: int) -> bool:
-    """Delete a job with its images, batches and detections (the foreign keys cascade); False if none."""
+    """Delete a job with its images, batches and detections; False if none.
+
+    Detections have no foreign key to cascade (migration 0004), so they are deleted here, after the
+    job's pending images are ended: that statement waits for any worker holding some of them locked to
+    commit, and no worker writes for an image no longer pending, so the next statement sees every
+    detection of the job. Images and batches go with the job (their keys cascade).
+    """
     job = session.get(Job, job_id)
     if job is None:
         return False
+    end_pending_images(session, job_id, ImageStatus.CANCELLED, "job deleted", utcnow())
+    session.execute(
+        delete(Detection).where(Detection.image_id.in_(select(Image.id).where(Image.job_id == job_id)))
+    )
     session.delete(job)
     return True
 

@@ -178,9 +178,12 @@ class Detection(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    # No foreign keys, on purpose (migration 0004): PostgreSQL checks one per row and key, and a batch's
+    # thousands of boxes spent two thirds of their COPY there. Detections are written only by
+    # finalise_results, for images it holds locked, and deleted with their job by delete_job.
     # No index of its own: uq_detections_image_model_rank leads with image_id.
-    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"))
-    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    image_id: Mapped[int] = mapped_column(BigId)
+    model_id: Mapped[int] = mapped_column(BigId)
     rank: Mapped[int] = mapped_column(Integer)
     label_id: Mapped[int] = mapped_column(Integer)
     label: Mapped[str] = mapped_column(String(255))

@@ -1,4 +1,5 @@
-"""Tests of db.migrate: the migration builds exactly the models' schema, also when processes race on it."""
+"""Tests of db.migrate: the migration builds exactly the models' schema, also when processes race on it,
+and upgrades keep the rows."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from db.engine import make_engine
-from db.migrate import head_revision, make_config, script_head
+from db.engine import make_engine, make_session_factory
+from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
+from db.jobs_repo import create_job, get_or_create_model
+from db.migrate import head_revision, make_config, script_head, upgrade
 from db.models import Base
+from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0003"
+HEAD = "0004"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -168,3 +172,40 @@ def test_sqlite_upgrade_waits_for_the_migration_file_lock(tmp_path: Path) -> Non
     worker.join(timeout=30)
     assert not worker.is_alive()
     assert revision_of(url) == HEAD
+
+
+def _detection_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(sa.text("SELECT * FROM detections ORDER BY id"))]
+
+
+def test_0004_drops_the_detections_foreign_keys_and_keeps_their_rows(database_url: str) -> None:
+    # Given a ledger at 0003 with a finished image and its detections
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine, "0003")
+        sessions = make_session_factory(engine)
+        with sessions() as session, session.begin():
+            model = get_or_create_model(session, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
+            job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
+            (image_id,) = insert_images(session, job.id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
+            box = DetectionRow(label_id=1, label="car", score=0.5, x1=1, y1=2, x2=3, y2=4)
+            result = ImageResult(image_id=image_id, status=ImageStatus.DONE, detections=(box, box))
+            finalise_results(session, job.id, model.id, [result], worker="w", device="cpu")
+        before = _detection_rows(engine)
+        assert len(before) == 2
+        assert len(sa.inspect(engine).get_foreign_keys("detections")) == 2
+        # When it is upgraded to 0004
+        upgrade(engine)
+        # Then detections have no foreign key left, the rows are as they were, and the schema is the models'
+        assert sa.inspect(engine).get_foreign_keys("detections") == []
+        assert _detection_rows(engine) == before
+        assert schema_differences(database_url) == []
+        # And a downgrade puts both keys back over the same rows
+        command.downgrade(make_config(database_url), "0003")
+        engine.dispose()
+        keys = sa.inspect(engine).get_foreign_keys("detections")
+        assert sorted(key["referred_table"] for key in keys) == ["images", "models"]
+        assert _detection_rows(engine) == before
+    finally:
+        engine.dispose()

@@ -1,0 +1,89 @@
+"""Tests of db.jobs_repo.delete_job over SQLite and PostgreSQL: detections go with their job, also when a
+worker is writing some at that moment (they have no foreign key to cascade)."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
+from db.jobs_repo import create_job, delete_job, get_or_create_model
+from db.models import Batch, Detection, Image
+from detq.vocabulary import ImageStatus
+
+Factory = sessionmaker[Session]
+
+
+def _job(factory: Factory, images: int, name: str) -> tuple[int, int, list[int]]:
+    """A job of `images` pending images: (job id, model id, image ids)."""
+    with factory() as session, session.begin():
+        model = get_or_create_model(session, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
+        new = [NewImage(path=f"/d/{name}{i}.jpg", size_bytes=1, mtime=1.0) for i in range(images)]
+        return job.id, model.id, insert_images(session, job.id, new)
+
+
+def _done(image_ids: list[int], boxes: int = 3) -> list[ImageResult]:
+    box = DetectionRow(label_id=2, label="dog", score=0.7, x1=1, y1=2, x2=3, y2=4)
+    return [ImageResult(image_id=i, status=ImageStatus.DONE, detections=(box,) * boxes) for i in image_ids]
+
+
+def _count(factory: Factory, model: type[Detection] | type[Image] | type[Batch]) -> int:
+    with factory() as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory: Factory) -> None:
+    # Given two jobs with finished images and their detections
+    gone, model_id, gone_ids = _job(factory, 3, "a")
+    kept, _, kept_ids = _job(factory, 2, "b")
+    with factory() as session, session.begin():
+        finalise_results(session, gone, model_id, _done(gone_ids), worker="w", device="cpu")
+        finalise_results(session, kept, model_id, _done(kept_ids), worker="w", device="cpu")
+    # When the first is deleted
+    with factory() as session, session.begin():
+        assert delete_job(session, gone)
+    # Then its images and detections are gone, the other job's are all there
+    with factory() as session:
+        left = session.scalars(select(Detection.image_id).order_by(Detection.id)).all()
+        images = session.scalars(select(Image.id).order_by(Image.id)).all()
+    assert sorted(set(left)) == kept_ids and len(left) == 6
+    assert images == kept_ids
+    with factory() as session, session.begin():
+        assert not delete_job(session, gone)
+
+
+def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Factory) -> None:
+    # Given a worker that has written results for two images of a job and not committed yet
+    job_id, model_id, image_ids = _job(factory, 4, "c")
+    writer = factory()
+    writer.begin()
+    written = finalise_results(writer, job_id, model_id, _done(image_ids[:2]), worker="w", device="cpu")
+    assert written == set(image_ids[:2])
+    # When the job is deleted meanwhile
+    deleted = threading.Event()
+    errors: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            with factory() as session, session.begin():
+                delete_job(session, job_id)
+            deleted.set()
+        except BaseException as error:  # noqa: B036 - reported to the main thread below
+            errors.append(error)
+
+    thread = threading.Thread(target=delete)
+    thread.start()
+    try:
+        # Then the delete waits for the worker (its row locks on PostgreSQL, the write lock on SQLite)
+        assert not deleted.wait(0.5)
+        writer.commit()
+    finally:
+        writer.close()
+    thread.join(timeout=30)
+    assert errors == [] and deleted.is_set()
+    # And no detection of the job outlives it, though the worker committed after the delete began
+    assert _count(factory, Detection) == 0
+    assert _count(factory, Image) == 0
