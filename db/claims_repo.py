@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from db.models import Image, WorkerRecord, as_utc
@@ -55,11 +55,10 @@ def claimable_images(
     """
     if not image_ids:
         return ClaimView(free=[], busy=0)
-    found = session.scalar(
-        select(func.count()).select_from(Image).where(Image.job_id == job_id, Image.id.in_(list(image_ids)))
-    )
+    # The job's images among the ids, whatever their status (how many were found), in one statement.
     rows = session.execute(
         select(
+            Image.status,
             Image.id,
             Image.job_id,
             Image.path,
@@ -68,14 +67,11 @@ def claimable_images(
             Image.batch_id,
             Image.claimed_by,
         )
-        .where(
-            Image.job_id == job_id,
-            Image.id.in_(list(image_ids)),
-            Image.status == ImageStatus.PENDING.value,
-        )
+        .where(Image.job_id == job_id, Image.id.in_(list(image_ids)))
         .order_by(Image.id)
-    ).tuples()
-    images = [Claimable(*row) for row in rows]
+    ).all()
+    found = len(rows)
+    images = [Claimable(*row[1:]) for row in rows if row[0] == ImageStatus.PENDING.value]
     claimers = workers_by_id(session, sorted({i.claimed_by for i in images if i.claimed_by is not None}))
     dead = [w.id for w in claimers.values() if w.stopped_at is None and not still_running(w)]
     close_worker(session, dead, now, LOST)
@@ -93,7 +89,7 @@ def claimable_images(
             and claimer.current_batch_id == image.batch_id
         )
         (held if holds else free).append(image)
-    return ClaimView(free=free, busy=len(held), found=found or 0, held=held)
+    return ClaimView(free=free, busy=len(held), found=found, held=held)
 
 
 def claim(

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
 from db.jobs_repo import close_enqueue, close_job_if_complete, end_pending_images
-from db.models import Detection, Image, Job, utcnow
+from db.models import Detection, Image, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
 
@@ -222,8 +222,7 @@ def finalise_results(
             for rank, box in enumerate(r.detections)
         ],
     )
-    session.execute(update(Job).where(Job.id == job_id, Job.started_at.is_(None)).values(started_at=now))
-    close_job_if_complete(session, job_id, now)
+    close_job_if_complete(session, job_id, now, started=True)
     return {r.image_id for r in finalised}
 
 

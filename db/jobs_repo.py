@@ -136,18 +136,26 @@ def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> 
     return recorded
 
 
-def close_job_if_complete(session: Session, job_id: int, now: datetime) -> bool:
+def close_job_if_complete(session: Session, job_id: int, now: datetime, *, started: bool = False) -> bool:
     """Set finished_at (once) when the job is fully enqueued and none of its images is pending.
 
     On PostgreSQL the job row is locked first (FOR NO KEY UPDATE, which leaves the KEY SHARE locks of
     concurrent image inserts alone). Whoever finalises the last images, or finishes the enqueue, thereby
     queues behind every other such transaction of the job, and its pending check, a new statement under
     READ COMMITTED, sees their commits: two transactions cannot each see the other's image still pending.
+    started: results were just written, so set started_at too if it is not set yet (read under the same
+    lock: the row is written once, not at every batch).
     """
     job = session.execute(
-        select(Job.enqueued_complete, Job.finished_at).where(Job.id == job_id).with_for_update(key_share=True)
+        select(Job.enqueued_complete, Job.finished_at, Job.started_at)
+        .where(Job.id == job_id)
+        .with_for_update(key_share=True)
     ).one_or_none()
-    if job is None or not job.enqueued_complete or job.finished_at is not None:
+    if job is None:
+        return False
+    if started and job.started_at is None:
+        session.execute(update(Job).where(Job.id == job_id).values(started_at=now))
+    if not job.enqueued_complete or job.finished_at is not None:
         return False
     pending = session.scalar(
         select(Image.id).where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value).limit(1)
@@ -156,6 +164,26 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime) -> bool:
         return False
     session.execute(update(Job).where(Job.id == job_id, Job.finished_at.is_(None)).values(finished_at=now))
     return True
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """What a worker needs of a job: the folders it may read and the model to run."""
+
+    roots: list[str]
+    model_id: int
+    model_sha256: str
+    model_path: str
+
+
+def job_model(session: Session, job_id: int) -> JobModel | None:
+    """The job's roots and model, in one statement; None if there is no such job."""
+    row = session.execute(
+        select(Job.roots, Job.model_id, ModelRecord.sha256, ModelRecord.path)
+        .join(ModelRecord, ModelRecord.id == Job.model_id)
+        .where(Job.id == job_id)
+    ).one_or_none()
+    return None if row is None else JobModel(list(row.roots), row.model_id, row.sha256, row.path)
 
 
 def get_job(session: Session, job_id: int) -> Job | None:

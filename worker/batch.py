@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images
 from db.engine import is_transient_error
 from db.images_repo import ImageResult, PendingImage, finalise_results
-from db.jobs_repo import get_job
+from db.jobs_repo import JobModel, job_model
 from db.models import utcnow
 from db.retry import in_transaction
 from detq.contract import BatchMessage
@@ -68,21 +68,11 @@ class BatchReport:
         self.rejected += sum(r.status == ImageStatus.REJECTED for r in mine)
 
 
-@dataclass(frozen=True)
-class _JobView:
-    roots: list[str]
-    model_id: int
-    model_sha256: str
-    model_path: str
-
-
-def _read_job(session: Session, job_id: int) -> _JobView:
-    job = get_job(session, job_id)
+def _read_job(session: Session, job_id: int) -> JobModel:
+    job = job_model(session, job_id)
     if job is None:
         raise JobMissing(f"job {job_id} does not exist")
-    return _JobView(
-        roots=list(job.roots), model_id=job.model_id, model_sha256=job.model.sha256, model_path=job.model.path
-    )
+    return job
 
 
 def _claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
@@ -100,7 +90,7 @@ def _claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids
 
 @dataclass(frozen=True)
 class _Start:
-    job: _JobView
+    job: JobModel
     view: ClaimView
     fresh: list[Claimable]  # never started before, now claimed by this process
 
@@ -210,7 +200,7 @@ def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], 
     """Last resort when a batch cannot finish: its pending images no live process is on fail with reason."""
     view = in_transaction(runtime.ledger.sessions, lambda s: _claim_view(s, runtime, job_id, image_ids))
     results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason) for i in view.free]
-    job = in_transaction(runtime.ledger.sessions, lambda s: get_job(s, job_id))
+    job = in_transaction(runtime.ledger.sessions, lambda s: job_model(s, job_id))
     if job is None:
         return 0
     return len(_write(runtime, job_id, job.model_id, results))

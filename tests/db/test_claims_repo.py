@@ -120,3 +120,20 @@ def test_a_clean_exit_closes_the_row_once(factory: Factory) -> None:
         assert close_worker(s, [worker], utcnow()) == 1
     with factory() as s, s.begin():
         assert close_worker(s, [worker], utcnow()) == 0
+
+
+def test_found_counts_the_jobs_images_among_the_ids_whatever_their_status(factory: Factory) -> None:
+    # Given a job of three images, one of them finished, and another job's image
+    job_id, ids = _job(factory, 3)
+    _, others = _job(factory, 1)
+    with factory() as s, s.begin():
+        s.execute(sa.update(Image).where(Image.id == ids[0]).values(status="done"))
+    # When a message names all of them and an id of no image
+    now = utcnow()
+    with factory() as s:
+        view = claimable_images(
+            s, job_id, [*ids, *others, 10**9], me=0, now=now, seen_since=now - TIMEOUT, still_running=bool
+        )
+    # Then the job's three are found, and only its two pending ones are free to start
+    assert view.found == 3
+    assert [i.id for i in view.free] == ids[1:] and view.busy == 0

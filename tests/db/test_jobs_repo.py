@@ -1,5 +1,5 @@
-"""Tests of db.jobs_repo.delete_job over SQLite and PostgreSQL: detections go with their job, also when a
-worker is writing some at that moment (they have no foreign key to cascade)."""
+"""Tests of db.jobs_repo over SQLite and PostgreSQL: what a worker reads of a job, when a job starts, and
+delete_job, whose detections go with it also while a worker writes some (they have no foreign key)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
-from db.jobs_repo import create_job, delete_job, get_or_create_model
-from db.models import Batch, Detection, Image
+from db.jobs_repo import JobModel, create_job, delete_job, get_or_create_model, job_model
+from db.models import Batch, Detection, Image, Job
 from detq.vocabulary import ImageStatus
 
 Factory = sessionmaker[Session]
@@ -87,3 +87,26 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
     # And no detection of the job outlives it, though the worker committed after the delete began
     assert _count(factory, Detection) == 0
     assert _count(factory, Image) == 0
+
+
+def test_job_model_reads_the_roots_and_the_model_of_a_job(factory: Factory) -> None:
+    job_id, model_id, _ = _job(factory, 1, "m")
+    with factory() as session:
+        assert job_model(session, job_id) == JobModel(["/d"], model_id, "c" * 64, "/m.pt")
+        assert job_model(session, job_id + 1000) is None
+
+
+def test_the_first_results_start_the_job_and_later_ones_leave_started_at_alone(factory: Factory) -> None:
+    # Given a job whose first image has a result
+    job_id, model_id, image_ids = _job(factory, 2, "s")
+    with factory() as session, session.begin():
+        finalise_results(session, job_id, model_id, _done(image_ids[:1]), worker="w", device="cpu")
+    with factory() as session:
+        started = session.get_one(Job, job_id).started_at
+    assert started is not None
+    # When the second one's result is written later
+    with factory() as session, session.begin():
+        finalise_results(session, job_id, model_id, _done(image_ids[1:]), worker="w", device="cpu")
+    # Then the job still started when its first results came
+    with factory() as session:
+        assert session.get_one(Job, job_id).started_at == started
