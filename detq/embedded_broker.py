@@ -7,7 +7,7 @@ import os
 import threading
 import uuid
 from queue import Empty
-from time import monotonic
+from time import monotonic, monotonic_ns
 from typing import Any
 
 from kombu.transport import filesystem, virtual
@@ -49,9 +49,11 @@ class Channel(filesystem.Channel):
 
     def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
         # (The ignore: kombu's stubs name this argument differently in its two base classes.)
-        # The name kombu gives it (readers take files in name order, a per-host monotonic time first), with
-        # the time zero-padded: unpadded, "99999_" sorts after "100000_" and a torn "1_x" after "12345_y".
-        name = f"{int(round(monotonic() * 1000)):015d}_{uuid.uuid4()}.{queue}.msg"
+        # Named as kombu names it (readers take files in name order, a per-host monotonic time first), but
+        # in nanoseconds, zero-padded: in kombu's milliseconds, the batches one enqueue sends within a
+        # millisecond came out in the order of their random uuids, and a job's tapered last batches were
+        # taken small before large; unpadded, "99999_" sorts after "100000_".
+        name = f"{monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + PARTIAL_SUFFIX  # not *.<queue>.msg: no reader picks it up
         with open(partial, "wb") as handle:

@@ -26,7 +26,7 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Pat
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
     app = make_celery_app(settings)
     queue = settings.broker_dir / "queue"
-    (queue / f"{0:015d}_torn.any.msg").write_text('{"body": "abc')  # named as if written first
+    (queue / f"{0:020d}_torn.any.msg").write_text('{"body": "abc')  # named as if written first
     # And a whole message behind it
     app.send_task(TASK_PROCESS_BATCH, args=[1, [2]], task_id="detq-batch-9", queue="any", routing_key="any")
     assert not list(queue.glob("*.partial")), "messages are renamed into place once written"
@@ -37,6 +37,24 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Pat
     # Then the torn file is gone and the whole message came through
     assert message is not None and message.headers["id"] == "detq-batch-9"
     assert list(queue.glob("*.msg")) == []
+
+
+def test_messages_sent_within_a_millisecond_are_taken_in_the_order_they_were_sent(tmp_path: Path) -> None:
+    # Given forty batch messages sent as fast as one producer sends them (a job's tapered last batches)
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    app = make_celery_app(settings)
+    for n in range(40):
+        app.send_task(
+            TASK_PROCESS_BATCH, args=[1, [n]], task_id=f"detq-batch-{n}", queue="any", routing_key="any"
+        )
+    # When a consumer takes them one by one
+    taken = []
+    with app.connection_for_read() as connection:
+        while (message := connection.default_channel.basic_get("any", no_ack=True)) is not None:
+            taken.append(message.headers["id"])
+    app.close()
+    # Then in the order they were sent
+    assert taken == [f"detq-batch-{n}" for n in range(40)]
 
 
 @dataclass
