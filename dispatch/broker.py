@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def _read_redis(app: Celery) -> BrokerView:
         client = channel.client
         for queue in INFERENCE_QUEUES:
             for priority in channel.priority_steps:
-                for raw in client.lrange(channel._q_for_pri(queue, priority), 0, -1):
+                for raw in _list_pages(client, channel._q_for_pri(queue, priority)):
                     task_id = _task_id(_loads(raw))
                     if task_id is not None:
                         queued.add(task_id)
@@ -92,6 +93,26 @@ def _read_redis(app: Celery) -> BrokerView:
             stamp = float(when) if isinstance(when, int | float) else 0.0
             unacked.append(Unacked(tag=key, task_id=_task_id(payload), delivered_at=stamp))
     return BrokerView(queued=queued, unacked=unacked)
+
+
+# Messages read per LRANGE: a backlog of 60,000 batches is 60 MB of messages, which one LRANGE would hold
+# in memory at once (with its parsed copies, about 130 MB) and which Redis would serve in one go.
+LIST_PAGE = 1000
+
+
+def _list_pages(client: Any, key: str) -> Iterator[bytes]:
+    """Every message of a Redis list, a page at a time from its head (where kombu pushes).
+
+    Consumers pop from the tail, which moves no message nearer the head; pushes at the head (new
+    messages, some restores) move the others away from it. So a page never skips a message that stays
+    queued; one may be read twice.
+    """
+    start = 0
+    while page := client.lrange(key, start, start + LIST_PAGE - 1):
+        yield from page
+        if len(page) < LIST_PAGE:
+            return
+        start += LIST_PAGE
 
 
 def _loads(raw: bytes | str) -> Any:

@@ -1,0 +1,73 @@
+"""What the reconciler reads of the broker: every queued task id, a page of a Redis list at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from detq.celery_app import make_celery_app
+from detq.settings import Settings
+from detq.vocabulary import Pool
+from dispatch import broker
+from dispatch.broker import read_broker
+from producer.sender import ChunkSender
+
+
+class RecordingClient:
+    """A real Redis client whose LRANGE calls are noted."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.calls: list[tuple[int, int]] = []
+
+    def lrange(self, key: str, start: int, end: int) -> list[bytes]:
+        self.calls.append((start, end))
+        return self.client.lrange(key, start, end)  # type: ignore[return-value]
+
+
+@pytest.fixture()
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    made = redis.Redis.from_url(redis_url)
+    yield made
+    made.close()
+
+
+def test_a_redis_backlog_longer_than_a_page_is_read_whole(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 25 batches queued on Redis and pages of 10 messages
+    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")  # type: ignore[call-arg]
+    app = make_celery_app(settings)
+    with ChunkSender(app, 1, Pool.CPU) as sender:
+        sender.submit([(b, [b]) for b in range(1, 26)])
+        sender.finish()
+    monkeypatch.setattr(broker, "LIST_PAGE", 10)
+    # When the reconciler reads the broker
+    view = read_broker(app, settings)
+    app.close()
+    # Then it saw every batch's task id
+    assert view.queued == {f"detq-batch-{b}" for b in range(1, 26)}
+
+
+def test_pages_skip_no_message_while_others_are_pushed_and_popped(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a list of 25 messages, pushed at its head as kombu does (the oldest at the tail)
+    client.lpush("q", *[f"m{n}" for n in range(25)])
+    monkeypatch.setattr(broker, "LIST_PAGE", 10)
+    recording = RecordingClient(client)
+    seen = []
+    # When it is read a page at a time while, after each page, a consumer pops the oldest message and a
+    # producer pushes a new one
+    for n, message in enumerate(broker._list_pages(recording, "q")):
+        seen.append(message.decode())
+        if n % 10 == 9:
+            client.rpop("q")
+            client.lpush("q", f"new{n}")
+    # Then LRANGE read pages of 10, and every message still queued at the end was read
+    assert recording.calls[:3] == [(0, 9), (10, 19), (20, 29)]
+    left = {m.decode() for m in client.lrange("q", 0, -1)}
+    assert left - {m for m in left if m.startswith("new")} <= set(seen)
+    assert {f"m{n}" for n in range(3, 25)} <= set(seen)
