@@ -205,19 +205,25 @@ def list_jobs(session: Session, limit: int = 20, *, hide_empty_runs: bool = Fals
     return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
 
 
-def job_counts(session: Session, job_id: int) -> JobCounts:
-    """Images of the job by status (an index-only count on ix_images_job_status) and their detections."""
+def job_counts(session: Session, job_id: int, *, detections: bool = True) -> JobCounts:
+    """Images of the job by status (an index-only count on ix_images_job_status) and their detections
+    (detections=False: not counted, 0; on a job of 100,000 images with 10 boxes each, counting them
+    takes a progress poll from ~13 ms of PostgreSQL's time to ~100)."""
     by_status: dict[str, int] = {
         status: count
         for status, count in session.execute(
             select(Image.status, func.count()).where(Image.job_id == job_id).group_by(Image.status)
         ).tuples()
     }
-    detections = session.scalar(
-        select(func.count())
-        .select_from(Detection)
-        .join(Image, Detection.image_id == Image.id)
-        .where(Image.job_id == job_id)
+    boxes = (
+        session.scalar(
+            select(func.count())
+            .select_from(Detection)
+            .join(Image, Detection.image_id == Image.id)
+            .where(Image.job_id == job_id)
+        )
+        if detections
+        else 0
     )
     return JobCounts(
         total=sum(by_status.values()),
@@ -226,7 +232,7 @@ def job_counts(session: Session, job_id: int) -> JobCounts:
         failed=by_status.get(ImageStatus.FAILED.value, 0),
         rejected=by_status.get(ImageStatus.REJECTED.value, 0),
         cancelled=by_status.get(ImageStatus.CANCELLED.value, 0),
-        detections=detections or 0,
+        detections=boxes or 0,
     )
 
 

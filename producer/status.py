@@ -53,12 +53,13 @@ def job_state(job: Job, counts: JobCounts) -> JobState:
     return JobState.RUNNING if counts.done + counts.failed + counts.rejected > 0 else JobState.QUEUED
 
 
-def job_status(session: Session, job_id: int) -> JobStatus:
-    """Counts by status and the derived state of one job."""
+def job_status(session: Session, job_id: int, *, detections: bool = True) -> JobStatus:
+    """Counts by status and the derived state of one job (detections=False: its detections not counted,
+    0, for a progress poll)."""
     job = get_job(session, job_id)
     if job is None:
         raise JobNotFound(f"no job {job_id}")
-    counts = job_counts(session, job_id)
+    counts = job_counts(session, job_id, detections=detections)
     created = as_utc(job.created_at)
     end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
     return JobStatus(

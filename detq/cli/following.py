@@ -37,11 +37,13 @@ def follow(
 
     def poll() -> JobStatus:
         with ledger.sessions() as session:
-            return job_status(session, job_id)
+            return job_status(session, job_id, detections=False)
 
     with ledger.sessions() as session:
-        pool = job_status(session, job_id).pool
-    final = wait_with_progress(poll, timeout_s=timeout_s, hint=no_worker_hint(ledger, settings, pool))
+        pool = job_status(session, job_id, detections=False).pool
+    wait_with_progress(poll, timeout_s=timeout_s, hint=no_worker_hint(ledger, settings, pool))
+    with ledger.sessions() as session:
+        final = job_status(session, job_id)  # now with its detections counted, once
     if not quiet:
         with ledger.sessions() as session:
             reasons = top_reasons(session, job_id)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
-from db.jobs_repo import JobModel, create_job, delete_job, get_or_create_model, job_model
+from db.jobs_repo import JobModel, create_job, delete_job, get_or_create_model, job_counts, job_model
 from db.models import Batch, Detection, Image, Job
 from detq.vocabulary import ImageStatus
 
@@ -110,3 +110,14 @@ def test_the_first_results_start_the_job_and_later_ones_leave_started_at_alone(f
     # Then the job still started when its first results came
     with factory() as session:
         assert session.get_one(Job, job_id).started_at == started
+
+
+def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None:
+    job_id, model_id, image_ids = _job(factory, 3, "n")
+    with factory() as session, session.begin():
+        finalise_results(session, job_id, model_id, _done(image_ids[:2], boxes=4), worker="w", device="cpu")
+    with factory() as session:
+        full = job_counts(session, job_id)
+        quick = job_counts(session, job_id, detections=False)
+    assert (full.done, full.pending, full.detections) == (2, 1, 8)
+    assert (quick.done, quick.pending, quick.detections) == (2, 1, 0)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
+from producer import progress
 from producer.progress import (
     EXIT_FINISHED_WITH_FAILURES,
     RateWindow,
@@ -80,3 +83,36 @@ def test_summary_names_the_top_reasons_and_the_exit_code_tells_failures() -> Non
     assert lines[0].startswith("job 7 finished: 1 done, 2 failed, 0 rejected of 3 in 4s")
     assert lines[1].strip() == "2 x empty file (0 bytes)"
     assert exit_code_for(failed) == EXIT_FINISHED_WITH_FAILURES
+
+
+class FakeClock:
+    """time for wait_with_progress: a poll advances it; sleep records its pause and advances it too."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(round(seconds, 6))
+        self.now += seconds
+
+
+def test_a_slow_poll_is_repeated_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a job whose status takes 0.1 s to read (a job of millions of images), then 0.001 s
+    clock = FakeClock()
+    monkeypatch.setattr(progress, "time", clock)
+    states = iter([(0.1, _status(0, 3)), (0.001, _status(1, 2)), (0.001, _status(3, 0, "finished"))])
+
+    def poll() -> JobStatus:
+        took, status = next(states)
+        clock.now += took
+        return status
+
+    # When a command waits for it, polling every 0.5 s
+    wait_with_progress(poll, stream=io.StringIO(), interval_s=0.5)
+    # Then after the slow read it paused 19 times as long (polling is at most 5% of the wait), and
+    # after a quick one the interval
+    assert clock.pauses == [1.9, 0.5]
