@@ -179,7 +179,8 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     """Recent jobs with their state and counts."""
     with ledger(load_settings()) as led, led.sessions() as session:
         listed = list_jobs(session, limit, hide_empty_runs=not show_all)
-        statuses = [job_status(session, job.id) for job in listed]
+        # The table shows no detection counts: only --json pays for them (a join over each job's boxes).
+        statuses = [job_status(session, job.id, detections=as_json) for job in listed]
     if as_json:
         print_json([s.as_dict() for s in statuses])
         return
