@@ -1,7 +1,9 @@
-"""What the reconciler reads of the broker: every queued task id, a page of a Redis list at a time."""
+"""What the reconciler reads of the broker: every queued task id, a page of a Redis list at a time, each
+read in place where the message has Celery's layout."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +14,7 @@ from detq.settings import Settings
 from detq.vocabulary import Pool
 from dispatch import broker
 from dispatch.broker import read_broker
+from dispatch.send import send_batch
 from producer.sender import ChunkSender
 
 
@@ -71,3 +74,24 @@ def test_pages_skip_no_message_while_others_are_pushed_and_popped(
     left = {m.decode() for m in client.lrange("q", 0, -1)}
     assert left - {m for m in left if m.startswith("new")} <= set(seen)
     assert {f"m{n}" for n in range(3, 25)} <= set(seen)
+
+
+def test_the_task_id_read_in_place_is_the_one_in_the_parsed_message(redis_url: str) -> None:
+    # Given a batch message and a backup copy queued as detq sends them
+    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")  # type: ignore[call-arg]
+    app = make_celery_app(settings)
+    send_batch(app, job_id=1, batch_id=7, image_ids=[1, 2], pool=Pool.CPU)
+    send_batch(app, job_id=1, batch_id=8, image_ids=[3], pool=Pool.CPU, backup=True)
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        raws = channel.client.lrange(channel._q_for_pri("cpu", 0), 0, -1)
+    app.close()
+    # Then the id read without parsing is the header's, for each
+    assert len(raws) == 2
+    for raw in raws:
+        assert broker._CELERY_TASK_ID.search(raw) is not None
+        assert broker.queued_task_id(raw) == json.loads(raw)["headers"]["id"]
+    # And a message in another layout is parsed whole; one that is not JSON has none
+    other = {"headers": {"id": "detq-batch-9", "lang": "py"}, "body": "e30="}
+    assert broker.queued_task_id(json.dumps(other).encode()) == "detq-batch-9"
+    assert broker.queued_task_id(b'{"body": "abc') is None
