@@ -126,7 +126,7 @@ def queued_task_id(raw: bytes) -> str | None:
     message, 60,000 of which a reconciler pass may read), else from the parsed message."""
     found = _CELERY_TASK_ID.search(raw)
     if found is not None:
-        return found.group(1).decode()
+        return found.group(1).decode(errors="replace")  # a forged id of bad bytes matches no batch
     return _task_id(_loads(raw))
 
 

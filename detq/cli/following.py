@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import click
 
-from db.jobs_repo import top_reasons
+from db.jobs_repo import get_job, top_reasons
 from db.ledger import Ledger
 from db.models import utcnow
 from detq.settings import Settings
 from detq.vocabulary import Pool
 from producer.fleet import fleet, listening_pools
 from producer.progress import summary_lines, wait_with_progress
-from producer.status import JobStatus, job_status
+from producer.status import JobNotFound, JobStatus, job_status
 
 
 def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[], str | None]:
@@ -40,7 +40,10 @@ def follow(
             return job_status(session, job_id, detections=False)
 
     with ledger.sessions() as session:
-        pool = job_status(session, job_id, detections=False).pool
+        job = get_job(session, job_id)  # its pool, for the hint; the polls count its images
+        if job is None:
+            raise JobNotFound(f"no job {job_id}")
+        pool = job.pool
     wait_with_progress(poll, timeout_s=timeout_s, hint=no_worker_hint(ledger, settings, pool))
     with ledger.sessions() as session:
         final = job_status(session, job_id)  # now with its detections counted, once

@@ -95,3 +95,6 @@ def test_the_task_id_read_in_place_is_the_one_in_the_parsed_message(redis_url: s
     other = {"headers": {"id": "detq-batch-9", "lang": "py"}, "body": "e30="}
     assert broker.queued_task_id(json.dumps(other).encode()) == "detq-batch-9"
     assert broker.queued_task_id(b'{"body": "abc') is None
+    # And an id of bytes that are not UTF-8 is read without an error (it names no batch)
+    forged = b'{"headers": {"lang": "py", "task": "t", "id": "\xff\xfe"}}'
+    assert broker.queued_task_id(forged) == "\ufffd\ufffd"
