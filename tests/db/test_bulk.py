@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime
 from typing import cast
 
@@ -121,3 +122,28 @@ def test_datetimes_written_in_bulk_read_back_as_the_orm_writes_them(factory: Fac
         same = s.scalar(select(sa.func.count()).where(Image.finished_at == when))
     assert stamps["/d/bulk.jpg"] == stamps["/d/orm.jpg"]
     assert same == 2
+
+
+def test_values_written_in_bulk_read_back_exactly(factory: Factory) -> None:
+    # Given detection rows whose values a text format would have to print and parse: doubles at full
+    # precision, a float32 widened, a tiny and a huge number, an integer where a float goes, and labels
+    # with a tab, a newline, a backslash, a quote and non-ASCII letters
+    job_id, model_id = new_job(factory)
+    with factory() as s, s.begin():
+        (batch,) = create_batches(s, job_id, [1], datetime.now(UTC))
+        image_id = insert_batched_images(s, job_id, [NewImage("/d/a.jpg", 1, 1.0, 0, batch)])[batch][0]
+    floats = [0.1 + 0.2, float(struct.unpack("f", struct.pack("f", 523.8372))[0]), 5e-324, 1.7e308, 7]
+    labels = ["a\tb", "line\nbreak", "back\\slash", 'qu"ote', "Straßenbahn é 車"]
+    rows = [
+        (image_id, model_id, rank, rank, label, value, value, -value, 2 * rank, 0.0)
+        for rank, (label, value) in enumerate(zip(labels, floats, strict=True))
+    ]
+    # When they are written in bulk
+    with factory() as s, s.begin():
+        insert_rows(s, cast(Table, Detection.__table__), DETECTION_COLUMNS, rows)
+    # Then each value reads back as it was written
+    with factory() as s:
+        found = s.execute(
+            select(*(Detection.__table__.c[name] for name in DETECTION_COLUMNS)).order_by(Detection.rank)
+        ).all()
+    assert [tuple(r) for r in found] == rows
