@@ -49,7 +49,7 @@ def _copy_rows(
         table=sql.Identifier(table.name), columns=sql.SQL(", ").join(map(sql.Identifier, columns))
     )
     with _driver(connection).cursor() as cursor, cursor.copy(statement) as copy:
-        copy.set_types(postgres_types(table, tuple(columns)))
+        copy.set_types(postgres_types(connection.dialect, table, tuple(columns)))
         for row in rows:
             copy.write_row(row)
 
@@ -60,12 +60,9 @@ _PSYCOPG_NAMES = {"float": "float8"}
 
 
 @cache
-def postgres_types(table: Table, columns: tuple[str, ...]) -> list[str]:
+def postgres_types(dialect: Dialect, table: Table, columns: tuple[str, ...]) -> list[str]:
     """The PostgreSQL type of each column as psycopg names it: a binary COPY sends each value in its
     column's own binary format, so it must know them (VARCHAR(255) -> varchar, FLOAT -> float8)."""
-    from sqlalchemy.dialects.postgresql.base import PGDialect
-
-    dialect = PGDialect()
     found = []
     for name in columns:
         compiled = table.c[name].type.compile(dialect=dialect).lower().split("(")[0].strip()

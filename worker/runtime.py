@@ -95,6 +95,7 @@ def load_configured(settings: Settings, path: Path, device: str, sha256: str | N
         overrides=meta_overrides(settings),
         cpu_optimize=settings.cpu_optimize,
         precision=settings.precision,
+        micro_batch=settings.micro_batch,
     )
 
 

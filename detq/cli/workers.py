@@ -137,6 +137,11 @@ def model() -> None:
     help="Run it as DETQ_PRECISION would.",
 )
 @click.option("--cpu-optimize", is_flag=True, help="Load it as DETQ_CPU_OPTIMIZE=true would (timed).")
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(1, 256),
+    help="Warm it up at this many images, as workers do (default: DETQ_MICRO_BATCH).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def inspect(
     path: Path,
@@ -145,6 +150,7 @@ def inspect(
     input_size: str | None,
     precision: str,
     cpu_optimize: bool,
+    micro_batch: int | None,
     as_json: bool,
 ) -> None:
     """What a model file is and whether it runs here.
@@ -164,6 +170,7 @@ def inspect(
         overrides=overrides,
         precision=Precision(precision),
         cpu_optimize=cpu_optimize,
+        micro_batch=micro_batch or load_settings().micro_batch,
     )
     if as_json:
         print_json(report)

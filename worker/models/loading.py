@@ -138,22 +138,30 @@ def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch
 
 
 def _warm_up_and_probe_batch(
-    module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device
+    module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, micro_batch: int
 ) -> int | None:
-    """Warm up once; returns 1 when a fixed-input model only takes batches of one, else None (no limit).
+    """Warm up at the micro-batch the worker will run; returns 1 when the model only takes batches of one
+    (or too few for a micro-batch), else None (no limit).
 
-    Fixed-input exports are often traced for batch 1: a batch of two finds out at start-up, not on every
-    micro-batch; the single-image warm-up then runs only for those.
+    At one image, a process's first real micro-batch still paid for running the graph at that batch and
+    for growing its heap to the batch's buffers: SSDlite's first batch of 8 took 1.7-1.9x the later ones
+    in a worker. Fixed-input exports are often traced for batch 1: a batch of several finds out at
+    start-up, not on every micro-batch; the single-image warm-up then runs only for those.
     """
-    if meta.fixed_input:
-        try:
-            _warm_up(module, adapter, meta, device, count=2)
-            return None
-        except Exception:  # noqa: BLE001 - retried with one image below; a failure there is the real error
-            _warm_up(module, adapter, meta, device, count=1)
-            return 1
-    _warm_up(module, adapter, meta, device, count=1)
-    return None
+    count = max(2, micro_batch) if meta.fixed_input else micro_batch
+    if count <= 1:
+        _warm_up(module, adapter, meta, device, count=1)
+        return None
+    try:
+        _warm_up(module, adapter, meta, device, count=count)
+        return None
+    except Exception as exc:  # noqa: BLE001 - retried with one image below; a failure there is the real error
+        _warm_up(module, adapter, meta, device, count=1)
+        if not meta.fixed_input:
+            log.warning(
+                "detq: a warm-up batch of %d failed (%s); forwards run one image at a time", count, exc
+            )
+        return 1
 
 
 def load_model_for_device(
@@ -164,8 +172,10 @@ def load_model_for_device(
     overrides: MetaOverrides | None = None,
     cpu_optimize: bool = False,
     precision: Precision = Precision.FP32,
+    micro_batch: int = 1,
 ) -> LoadedModel:
-    """Load with the device remapped, repair baked device constants, settle the format, warm up once;
+    """Load with the device remapped, repair baked device constants, settle the format, warm up once at
+    micro_batch images;
     with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled; at a reduced
     precision, wrap it to run under autocast, taking and giving float32."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
@@ -217,7 +227,7 @@ def load_model_for_device(
                 module, optimized, lambda m: _warm_up(m, adapter, meta, target, count=1), path.name
             )
             notes.extend([verdict] if verdict else [])
-        max_batch = _warm_up_and_probe_batch(module, adapter, meta, target)
+        max_batch = _warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:

@@ -28,6 +28,7 @@ def inspect_model(
     overrides: MetaOverrides | None = None,
     precision: Precision = Precision.FP32,
     cpu_optimize: bool = False,
+    micro_batch: int = 1,
 ) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
@@ -39,6 +40,7 @@ def inspect_model(
         "baked_device_constants": code_device_constants(path),
         "device": device,
         "precision": precision.value,
+        "micro_batch": micro_batch,
     }
     try:
         loaded = load_model_for_device(
@@ -48,6 +50,7 @@ def inspect_model(
             overrides=overrides,
             precision=precision,
             cpu_optimize=cpu_optimize,
+            micro_batch=micro_batch,
         )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))

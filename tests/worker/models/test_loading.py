@@ -63,3 +63,40 @@ def test_model_breaking_the_output_contract_fails_warm_up(tmp_path: Path) -> Non
         torch.jit.save(torch.jit.script(Wrong()), str(path), _extra_files=meta)
     with pytest.raises(ModelLoadError, match="breaks the torchvision contract"):
         load_model_for_device(path, "cpu")
+
+
+class _AtMostFour(torch.nn.Module):
+    """The torchvision contract, one empty result per image, for batches of at most four images."""
+
+    def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        if len(images) > 4:
+            raise RuntimeError(f"a batch of {len(images)} images; this model takes at most 4")
+        return [
+            {
+                "boxes": torch.zeros(0, 4),
+                "labels": torch.zeros(0, dtype=torch.int64),
+                "scores": torch.zeros(0),
+            }
+            for _ in images
+        ]
+
+
+def test_warm_up_runs_at_the_micro_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given a model that fails on batches of more than four images
+    path = tmp_path / "four.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(
+            torch.jit.script(_AtMostFour()),
+            str(path),
+            _extra_files={"detq.json": '{"format": "torchvision"}'},
+        )
+    # When it is loaded for micro-batches of four, then of eight
+    fits = load_model_for_device(path, "cpu", micro_batch=4)
+    too_many = load_model_for_device(path, "cpu", micro_batch=8)
+    # Then the warm-up ran at the micro-batch: four pass untouched, eight are found out at load (not on every
+    # batch later) and its forwards run one image at a time, with a warning saying why
+    assert fits.max_batch is None
+    assert too_many.max_batch == 1
+    assert "a warm-up batch of 8 failed" in caplog.text
+    assert "at most 4" in caplog.text
