@@ -144,7 +144,7 @@ def _warm_up_and_probe_batch(
     (or too few for a micro-batch), else None (no limit).
 
     At one image, a process's first real micro-batch still paid for running the graph at that batch and
-    for growing its heap to the batch's buffers: SSDlite's first batch of 8 took 1.7-1.9x the later ones
+    for growing its heap to the batch's buffers: SSDlite's first batch of 8 took 1.2-1.9x the later ones
     in a worker. Fixed-input exports are often traced for batch 1: a batch of several finds out at
     start-up, not on every micro-batch; the single-image warm-up then runs only for those.
     """
