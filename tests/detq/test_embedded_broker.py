@@ -23,7 +23,7 @@ from detq.settings import Settings
 
 def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Path) -> None:
     # Given the embedded broker's queue holding a message cut short (its producer was killed mid-write)
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
     queue = settings.broker_dir / "queue"
     (queue / f"{0:020d}_torn.any.msg").write_text('{"body": "abc')  # named as if written first
@@ -41,7 +41,7 @@ def test_a_torn_message_file_is_dropped_and_the_next_one_delivered(tmp_path: Pat
 
 def test_messages_sent_within_a_millisecond_are_taken_in_the_order_they_were_sent(tmp_path: Path) -> None:
     # Given forty batch messages sent as fast as one producer sends them (a job's tapered last batches)
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
     for n in range(40):
         app.send_task(
@@ -70,7 +70,7 @@ class OneSlotConsumer:
 @contextmanager
 def one_slot_consumer(tmp_path: Path) -> Iterator[OneSlotConsumer]:
     """Two messages queued on the embedded broker, and a consumer with one prefetch slot over them."""
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
     for n in (1, 2):
         app.send_task(TASK_PROCESS_BATCH, args=[1, [n]], queue="any", routing_key="any")

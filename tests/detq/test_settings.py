@@ -57,3 +57,27 @@ def test_readme_documents_every_setting() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [name for name in Settings.model_fields if f"DETQ_{name.upper()}" not in readme]
     assert missing == []
+
+
+def test_env_file_then_environment_then_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Given a .env file with four settings (one empty, one in lower case) and a name detq does not know,
+    env_file = tmp_path / ".env"
+    env_file.write_text(
+        "DETQ_BATCH_SIZE=24\nDETQ_MICRO_BATCH=4\nDETQ_SCORE_THRESHOLD=\n"
+        "detq_broker_url='redis://from-file:6379/0'\nDETQ_NO_SUCH_SETTING=1\nOTHER=2\n"
+    )
+    # and the environment setting one of them again
+    monkeypatch.setenv("DETQ_MICRO_BATCH", "2")
+    monkeypatch.delenv("DETQ_BATCH_SIZE", raising=False)
+    monkeypatch.delenv("DETQ_BROKER_URL", raising=False)
+    # When settings are read from the folder of that file, and once more with an argument
+    monkeypatch.chdir(tmp_path)
+    read = Settings()
+    given = Settings(micro_batch=16)
+    # Then the file's values hold where nothing else sets them, the environment wins over the file, an
+    # argument over both; an empty value is the default and unknown names are ignored
+    assert (read.batch_size, read.micro_batch, read.score_threshold) == (24, 2, None)
+    assert read.resolved_broker_url == "redis://from-file:6379/0"
+    assert given.micro_batch == 16
+    # And without the file, only the environment counts
+    assert Settings(_env_file=None).batch_size == Settings.model_fields["batch_size"].default

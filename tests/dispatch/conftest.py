@@ -19,7 +19,7 @@ from detq.settings import Settings
 
 @pytest.fixture()
 def settings(tmp_path: Path) -> Settings:
-    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)  # type: ignore[call-arg]
+    return Settings(_env_file=None, data_dir=tmp_path / "data", worker_timeout=30)
 
 
 @pytest.fixture()

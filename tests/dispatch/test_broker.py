@@ -41,7 +41,7 @@ def test_a_redis_backlog_longer_than_a_page_is_read_whole(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given 25 batches queued on Redis and pages of 10 messages
-    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
     app = make_celery_app(settings)
     with ChunkSender(app, 1, Pool.CPU) as sender:
         sender.submit([(b, [b]) for b in range(1, 26)])
@@ -78,7 +78,7 @@ def test_pages_skip_no_message_while_others_are_pushed_and_popped(
 
 def test_the_task_id_read_in_place_is_the_one_in_the_parsed_message(redis_url: str) -> None:
     # Given a batch message and a backup copy queued as detq sends them
-    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
     app = make_celery_app(settings)
     send_batch(app, job_id=1, batch_id=7, image_ids=[1, 2], pool=Pool.CPU)
     send_batch(app, job_id=1, batch_id=8, image_ids=[3], pool=Pool.CPU, backup=True)

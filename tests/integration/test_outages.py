@@ -123,7 +123,7 @@ def test_the_broker_lost_mid_enqueue_closes_the_job_with_its_reason(
     folder.mkdir()
     for i in range(4100):
         (folder / f"{i:05d}.jpg").write_bytes(b"")
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data", broker_url=throwaway_redis.url)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data", broker_url=throwaway_redis.url)
     model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
     app = make_celery_app(settings)
 

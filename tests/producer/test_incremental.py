@@ -91,7 +91,7 @@ def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_pat
 
     # Given three images and the embedded broker in a folder of this test
     write_dataset(tmp_path / "imgs", 3, seed=1)
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
     model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
     # When they are enqueued with --only-new twice, then without it

@@ -21,7 +21,7 @@ from tests.conftest import service_missing
 
 @pytest.fixture()
 def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    opened = open_ledger(Settings(_env_file=None, data_dir=tmp_path / "data"))  # type: ignore[call-arg]
+    opened = open_ledger(Settings(_env_file=None, data_dir=tmp_path / "data"))
     yield opened
     opened.close()
 

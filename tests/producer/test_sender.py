@@ -26,7 +26,7 @@ BATCHES = [(batch_id, [batch_id * 10, batch_id * 10 + 1]) for batch_id in range(
 
 @pytest.fixture()
 def app(redis_url: str, tmp_path: Path) -> Iterator[Celery]:
-    settings = Settings(_env_file=None, data_dir=tmp_path, broker_url=redis_url)  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path, broker_url=redis_url)
     app = make_celery_app(settings)
     app.conf.broker_transport_options = {
         **app.conf.broker_transport_options,

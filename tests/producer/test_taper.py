@@ -66,7 +66,7 @@ def test_enqueue_tapers_for_the_live_processes_of_the_jobs_queue(
         _process(session, "cpu@h", "cpu", 3)
         _process(session, "gpu@h", "gpu", 4)
         close_worker(session, [_process(session, "cpu@h", "cpu", 5)], utcnow())
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
 
     def batch_sizes(pool: Pool, worker_timeout_s: float | None) -> list[int]:

@@ -32,7 +32,7 @@ class Staged:
 def settings(tmp_path: Path) -> Settings:
     """Settings of an embedded deployment in tmp_path, using the fixed-box test model."""
     model = save_fixed_box_model(tmp_path / "fixed_box.pt")
-    return Settings(_env_file=None, data_dir=tmp_path / "data", model=model, micro_batch=4)  # type: ignore[call-arg]
+    return Settings(_env_file=None, data_dir=tmp_path / "data", model=model, micro_batch=4)
 
 
 @pytest.fixture()

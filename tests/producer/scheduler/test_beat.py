@@ -46,7 +46,7 @@ def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
 def _scheduler(
     factory: sessionmaker[Session], tmp_path: Path, owner: str, sent: list[dict[str, Any]]
 ) -> LeaderScheduler:
-    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))  # type: ignore[call-arg]
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
     app.send_task = lambda name, **kwargs: sent.append({"name": name, **kwargs})  # type: ignore[method-assign]
     schedule = Schedule(name="cams", folders=(tmp_path,), cron=EVERY_MINUTE)
     context = BeatContext(
