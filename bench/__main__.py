@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,15 @@ def runners(
     return found
 
 
+def selected(name: str, wanted: list[str], names: Collection[str]) -> bool:
+    """Whether --only picks this runner: every runner when empty; a part naming one runner exactly picks
+    only that one ("detq Redis + PostgreSQL" is not also its opt-in variants), any other part every runner
+    whose name contains it ("opt")."""
+    if not wanted:
+        return True
+    return any(part == name or (part not in names and part in name) for part in wanted)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
@@ -108,12 +117,11 @@ def main() -> int:
         wanted = [part.strip() for part in args.only.split(",") if part.strip()]
         plan = {
             f"{model} {size}": {
-                name: run
-                for name, run in runners(path, photo_lists[size], folders[size], work, ray).items()
-                if not wanted or any(part in name for part in wanted)
+                name: run for name, run in every.items() if selected(name, wanted, every.keys())
             }
             for model, path in models.items()
             for size in folders
+            for every in [runners(path, photo_lists[size], folders[size], work, ray)]
         }
         for workload, named in plan.items():
             results[workload] = {name: [] for name in named}
