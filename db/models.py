@@ -173,18 +173,15 @@ class Detection(Base):
     """One box found in an image by a model, in original image pixels."""
 
     __tablename__ = "detections"
-    __table_args__ = (
-        UniqueConstraint("image_id", "model_id", "rank", name="uq_detections_image_model_rank"),
-    )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    # No foreign keys, on purpose (migration 0004): PostgreSQL checks one per row and key, and a batch's
-    # thousands of boxes spent two thirds of their COPY there. Detections are written only by
-    # finalise_results, for images it holds locked, and deleted with their job by delete_job.
-    # No index of its own: uq_detections_image_model_rank leads with image_id.
-    image_id: Mapped[int] = mapped_column(BigId)
-    model_id: Mapped[int] = mapped_column(BigId)
-    rank: Mapped[int] = mapped_column(Integer)
+    # Keyed by what it is, the rank-th box of an image by a model: no surrogate id (migration 0005), whose
+    # sequence value and second index each row written paid for. No foreign keys either, on purpose
+    # (migration 0004): PostgreSQL checks one per row and key, and a batch's thousands of boxes spent two
+    # thirds of their COPY there. Detections are written only by finalise_results, for images it holds
+    # locked, and deleted with their job by delete_job. The key leads with image_id: every read's index.
+    image_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    model_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     label_id: Mapped[int] = mapped_column(Integer)
     label: Mapped[str] = mapped_column(String(255))
     score: Mapped[float] = mapped_column(Float)

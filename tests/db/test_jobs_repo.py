@@ -47,7 +47,7 @@ def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory:
         assert delete_job(session, gone)
     # Then its images and detections are gone, the other job's are all there
     with factory() as session:
-        left = session.scalars(select(Detection.image_id).order_by(Detection.id)).all()
+        left = session.scalars(select(Detection.image_id).order_by(Detection.image_id, Detection.rank)).all()
         images = session.scalars(select(Image.id).order_by(Image.id)).all()
     assert sorted(set(left)) == kept_ids and len(left) == 6
     assert images == kept_ids

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -25,7 +26,7 @@ from db.models import Base
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0004"
+HEAD = "0005"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -175,37 +176,90 @@ def test_sqlite_upgrade_waits_for_the_migration_file_lock(tmp_path: Path) -> Non
 
 
 def _detection_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    """Every detection's values but a surrogate id, in key order."""
+    columns = "image_id, model_id, rank, label_id, label, score, x1, y1, x2, y2"
     with engine.connect() as conn:
-        return [tuple(row) for row in conn.execute(sa.text("SELECT * FROM detections ORDER BY id"))]
+        query = f"SELECT {columns} FROM detections ORDER BY image_id, model_id, rank"
+        return [tuple(row) for row in conn.execute(sa.text(query))]
+
+
+def _ledger_with_detections(engine: sa.Engine, revision: str, boxes: int) -> None:
+    """The ledger migrated to revision, with one finished image of `boxes` detections."""
+    upgrade(engine, revision)
+    sessions = make_session_factory(engine)
+    with sessions() as session, session.begin():
+        model = get_or_create_model(session, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
+        (image_id,) = insert_images(session, job.id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
+        found = tuple(
+            DetectionRow(label_id=i, label=f"c{i}", score=1 - i / 10, x1=i, y1=2, x2=3 + i, y2=4)
+            for i in range(boxes)
+        )
+        result = ImageResult(image_id=image_id, status=ImageStatus.DONE, detections=found)
+        finalise_results(session, job.id, model.id, [result], worker="w", device="cpu")
 
 
 def test_0004_drops_the_detections_foreign_keys_and_keeps_their_rows(database_url: str) -> None:
     # Given a ledger at 0003 with a finished image and its detections
     engine = make_engine(database_url)
     try:
-        upgrade(engine, "0003")
-        sessions = make_session_factory(engine)
-        with sessions() as session, session.begin():
-            model = get_or_create_model(session, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
-            job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
-            (image_id,) = insert_images(session, job.id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
-            box = DetectionRow(label_id=1, label="car", score=0.5, x1=1, y1=2, x2=3, y2=4)
-            result = ImageResult(image_id=image_id, status=ImageStatus.DONE, detections=(box, box))
-            finalise_results(session, job.id, model.id, [result], worker="w", device="cpu")
+        _ledger_with_detections(engine, "0003", boxes=2)
         before = _detection_rows(engine)
         assert len(before) == 2
         assert len(sa.inspect(engine).get_foreign_keys("detections")) == 2
         # When it is upgraded to 0004
-        upgrade(engine)
-        # Then detections have no foreign key left, the rows are as they were, and the schema is the models'
+        upgrade(engine, "0004")
+        # Then detections have no foreign key left and the rows are as they were
         assert sa.inspect(engine).get_foreign_keys("detections") == []
         assert _detection_rows(engine) == before
-        assert schema_differences(database_url) == []
         # And a downgrade puts both keys back over the same rows
         command.downgrade(make_config(database_url), "0003")
         engine.dispose()
         keys = sa.inspect(engine).get_foreign_keys("detections")
         assert sorted(key["referred_table"] for key in keys) == ["images", "models"]
         assert _detection_rows(engine) == before
+    finally:
+        engine.dispose()
+
+
+def test_0005_keys_detections_by_image_model_rank_and_keeps_their_rows(database_url: str) -> None:
+    # Given a ledger at 0004 with a finished image and its three detections
+    engine = make_engine(database_url)
+    try:
+        _ledger_with_detections(engine, "0004", boxes=3)
+        before = _detection_rows(engine)
+        assert len(before) == 3
+        # When it is upgraded to 0005
+        upgrade(engine, "0005")
+        engine.dispose()
+        # Then the rows are as they were, keyed by (image_id, model_id, rank) with no id, as the models say
+        key = sa.inspect(engine).get_pk_constraint("detections")["constrained_columns"]
+        columns = [c["name"] for c in sa.inspect(engine).get_columns("detections")]
+        assert key == ["image_id", "model_id", "rank"]
+        assert "id" not in columns
+        assert _detection_rows(engine) == before
+        assert schema_differences(database_url) == []
+        # And a second box of the same rank of the same image and model is refused by the key
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO detections"
+                    " (image_id, model_id, rank, label_id, label, score, x1, y1, x2, y2)"
+                    " SELECT image_id, model_id, rank, 0, 'again', 0.1, 0, 0, 1, 1 FROM detections"
+                    " WHERE rank = 1"
+                )
+            )
+        # And a downgrade numbers the rows again under an id key, over the same values
+        command.downgrade(make_config(database_url), "0004")
+        engine.dispose()
+        assert sa.inspect(engine).get_pk_constraint("detections")["constrained_columns"] == ["id"]
+        with engine.connect() as conn:
+            ids = conn.execute(sa.text("SELECT id FROM detections ORDER BY id")).scalars().all()
+        assert len(set(ids)) == 3 and None not in ids
+        assert _detection_rows(engine) == before
+        # And the next row written there gets an id of its own
+        _ledger_with_detections(engine, "0004", boxes=1)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(DISTINCT id) FROM detections")).scalar() == 4
     finally:
         engine.dispose()

@@ -117,7 +117,12 @@ def snapshot(factory: Factory) -> tuple[list[Any], list[Any]]:
     """Every image and detection row, as plain tuples."""
     with factory() as s:
         images = [tuple(row) for row in s.execute(select(Image.__table__).order_by(Image.id))]
-        detections = [tuple(row) for row in s.execute(select(Detection.__table__).order_by(Detection.id))]
+        detections = [
+            tuple(row)
+            for row in s.execute(
+                select(Detection.__table__).order_by(Detection.image_id, Detection.model_id, Detection.rank)
+            )
+        ]
         return images, detections
 
 
