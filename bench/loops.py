@@ -16,7 +16,7 @@ from PIL import Image
 
 from worker.allocator import keep_large_buffers
 from worker.decode import decode_image
-from worker.inference import forward_images
+from worker.inference import forward_images, forward_inputs
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.rows import decoded_rows, to_detection_rows
 
@@ -44,11 +44,16 @@ def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
 
 
 def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, fast: bool) -> None:
+    """As a pool process: each photo decoded and shrunk to the model's input, then micro-batches."""
     target = model.decode_target if fast else None
     for start in range(0, len(photos), micro_batch):
-        decoded = [decode_image(p, target_size=target, **LIMITS) for p in photos[start : start + micro_batch]]
-        for dec, raw in zip(decoded, forward_images(model, [d.image for d in decoded]), strict=True):
-            decoded_rows(raw, dec, model.meta)
+        shrunk = []
+        for photo in photos[start : start + micro_batch]:
+            dec = decode_image(photo, target_size=target, **LIMITS)
+            shrunk.append((dec.geometry(), model.adapter.shrink(dec.image)))
+            del dec  # its full-size pixels go before the next photo's decode, as in worker.detect
+        for (geometry, _), raw in zip(shrunk, forward_inputs(model, [i for _, i in shrunk]), strict=True):
+            decoded_rows(raw, geometry, model.meta)
 
 
 def _ceiling_process(

@@ -57,8 +57,8 @@ class ImageResult:
     width: int | None = None
     height: int | None = None
     detections: tuple[DetectionRow, ...] = ()
-    decode_ms: float | None = None
-    infer_ms: float | None = None
+    decode_ms: float | None = None  # read, decode, and shrink to the model's input size
+    infer_ms: float | None = None  # its share of its micro-batch's forward
 
 
 @dataclass(frozen=True)

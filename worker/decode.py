@@ -26,14 +26,24 @@ class ImageUnreadable(Exception):
 
 
 @dataclass(frozen=True)
-class DecodedImage:
-    """An RGB image ready for the model, with the factors that map its pixels back to the original."""
+class Geometry:
+    """An image's size in original pixels, and the factors that map its decoded pixels back to them."""
 
-    image: Image.Image
     width: int
     height: int
     scale_x: float
     scale_y: float
+
+
+@dataclass(frozen=True)
+class DecodedImage(Geometry):
+    """An RGB image ready for the model, with its geometry."""
+
+    image: Image.Image
+
+    def geometry(self) -> Geometry:
+        """The geometry alone: what is left to keep once the pixels are in the model's input."""
+        return Geometry(width=self.width, height=self.height, scale_x=self.scale_x, scale_y=self.scale_y)
 
 
 def _orientation(img: Image.Image) -> int:

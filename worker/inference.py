@@ -10,7 +10,7 @@ import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from PIL import Image
 
-from worker.models.formats import to_source_pixels
+from worker.models.formats import ModelInput, to_source_pixels
 from worker.models.loading import LoadedModel
 from worker.models.outputs import RawDetections
 
@@ -25,23 +25,28 @@ class InferenceOutcome:
 
 
 def forward_images(model: LoadedModel, images: Sequence[Image.Image]) -> list[RawDetections]:
-    """One forward: the format's input, the model, the format's output, mapped back to image pixels."""
-    inputs, transforms = model.adapter.prepare(images, model.device)
+    """One forward over decoded images (each shrunk to the model's input first)."""
+    return forward_inputs(model, [model.adapter.shrink(image) for image in images])
+
+
+def forward_inputs(model: LoadedModel, inputs: Sequence[ModelInput]) -> list[RawDetections]:
+    """One forward: the format's batch, the model, the format's output, mapped back to image pixels."""
+    batch = model.adapter.collate(inputs, model.device)
     with torch.inference_mode():
-        output = model.module(inputs)
-    parsed = model.adapter.parse(output, len(images))
-    return [to_source_pixels(raw, transform) for raw, transform in zip(parsed, transforms, strict=True)]
+        output = model.module(batch)
+    parsed = model.adapter.parse(output, len(inputs))
+    return [to_source_pixels(raw, item.transform) for raw, item in zip(parsed, inputs, strict=True)]
 
 
-def run_model(model: LoadedModel, images: Sequence[Image.Image], micro_batch: int) -> list[InferenceOutcome]:
+def run_model(model: LoadedModel, inputs: Sequence[ModelInput], micro_batch: int) -> list[InferenceOutcome]:
     """Detections per image; a failing micro-batch is rerun image by image so one bad input fails alone."""
     step = max(1, min(micro_batch, model.max_batch or micro_batch))
     outcomes: list[InferenceOutcome] = []
-    for start in range(0, len(images), step):
-        chunk = images[start : start + step]
+    for start in range(0, len(inputs), step):
+        chunk = inputs[start : start + step]
         began = time.perf_counter()
         try:
-            results = forward_images(model, chunk)
+            results = forward_inputs(model, chunk)
         except SoftTimeLimitExceeded:
             raise  # the batch's time is up: no image is to blame
         except Exception:  # noqa: BLE001 - isolate the culprit below
@@ -67,12 +72,12 @@ def short_reason(error: BaseException) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def _forward_one_by_one(model: LoadedModel, images: Sequence[Image.Image]) -> list[InferenceOutcome]:
+def _forward_one_by_one(model: LoadedModel, inputs: Sequence[ModelInput]) -> list[InferenceOutcome]:
     outcomes = []
-    for image in images:
+    for item in inputs:
         began = time.perf_counter()
         try:
-            (result,) = forward_images(model, [image])
+            (result,) = forward_inputs(model, [item])
         except SoftTimeLimitExceeded:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded as this image's failure reason

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from db.images_repo import DetectionRow
-from worker.decode import DecodedImage
+from worker.decode import Geometry
 from worker.models.metadata import ModelMeta
 from worker.models.outputs import RawDetections
 
@@ -40,7 +40,7 @@ def to_detection_rows(
     )
 
 
-def decoded_rows(raw: RawDetections, decoded: DecodedImage, meta: ModelMeta) -> tuple[DetectionRow, ...]:
+def decoded_rows(raw: RawDetections, decoded: Geometry, meta: ModelMeta) -> tuple[DetectionRow, ...]:
     """One decoded image's detections as ledger rows, at the model's score threshold (overrides folded in)."""
     return to_detection_rows(
         raw,

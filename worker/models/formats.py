@@ -18,6 +18,14 @@ from worker.models.tensors import to_tensor
 from worker.models.yolo import decode_final_boxes, decode_yolov5, decode_yolov8, yolo_tensor
 
 
+@dataclass(frozen=True)
+class ModelInput:
+    """One image as its model takes it (before batching), and how to map its pixels back to the image."""
+
+    pixels: Any  # a Pillow image (torchvision) or the letterboxed HxWx3 uint8 array (fixed input)
+    transform: InputTransform
+
+
 class FormatAdapter(Protocol):
     """How one output format talks to a model."""
 
@@ -26,10 +34,14 @@ class FormatAdapter(Protocol):
         """The format's name."""
         ...
 
-    def prepare(
-        self, images: Sequence[Image.Image], device: torch.device
-    ) -> tuple[Any, list[InputTransform]]:
-        """Model input for these decoded images, and how to map its pixels back to each image."""
+    def shrink(self, image: Image.Image) -> ModelInput:
+        """One decoded image at the model's input size, where the format has one: done per image, right
+        after its decode, the full-size buffers of a large photo are reused by the next image instead of a
+        micro-batch of them living at once."""
+        ...
+
+    def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
+        """The model's input for a micro-batch."""
         ...
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
@@ -43,10 +55,11 @@ class TorchvisionAdapter:
 
     name: str = ModelFormat.TORCHVISION
 
-    def prepare(
-        self, images: Sequence[Image.Image], device: torch.device
-    ) -> tuple[Any, list[InputTransform]]:
-        return [to_tensor(img, device) for img in images], [IDENTITY] * len(images)
+    def shrink(self, image: Image.Image) -> ModelInput:
+        return ModelInput(image, IDENTITY)  # the model resizes it itself
+
+    def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
+        return [to_tensor(item.pixels, device) for item in inputs]
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         return parse_torchvision_output(output, expected=count)
@@ -59,20 +72,14 @@ class FixedInputAdapter:
     name: str
     meta: ModelMeta
 
-    def prepare(
-        self, images: Sequence[Image.Image], device: torch.device
-    ) -> tuple[Any, list[InputTransform]]:
+    def shrink(self, image: Image.Image) -> ModelInput:
         height, width = self.meta.fixed_input_size()
-        resized: list[np.ndarray] = []
-        transforms: list[InputTransform] = []
-        for img in images:
-            if self.meta.letterbox:
-                canvas, transform = letterbox_image(img, width, height)
-            else:
-                canvas, transform = stretch_image(img, width, height)
-            resized.append(canvas)
-            transforms.append(transform)
-        return images_to_batch(resized, self.meta.mean, self.meta.std, device), transforms
+        resize = letterbox_image if self.meta.letterbox else stretch_image
+        return ModelInput(*resize(image, width, height))
+
+    def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
+        canvases: list[np.ndarray] = [item.pixels for item in inputs]
+        return images_to_batch(canvases, self.meta.mean, self.meta.std, device)
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         pred = yolo_tensor(output).detach().to("cpu", torch.float32)
@@ -86,6 +93,14 @@ class FixedInputAdapter:
         if len(parsed) != count:
             raise ModelOutputError(f"model returned {len(parsed)} results for a batch of {count}")
         return parsed
+
+
+def prepare(
+    adapter: FormatAdapter, images: Sequence[Image.Image], device: torch.device
+) -> tuple[Any, list[InputTransform]]:
+    """Model input for these decoded images, and how to map its pixels back to each image."""
+    inputs = [adapter.shrink(image) for image in images]
+    return adapter.collate(inputs, device), [item.transform for item in inputs]
 
 
 def adapter_for(meta: ModelMeta) -> FormatAdapter:
