@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import torch
+from PIL import Image
 
 from db.images_repo import PendingImage
 from detq.vocabulary import ImageStatus
 from tests.support import save_yolov8_like, write_jpeg
 from worker.decode import DecodedImage
-from worker.detect import prepare_image
+from worker.detect import Ready, detect_images, prepare_image, ready
+from worker.models.formats import FormatAdapter, ModelInput
 from worker.models.loading import load_model_for_device
+from worker.models.outputs import RawDetections
 from worker.runtime import WorkerRuntime
 
 
@@ -35,3 +41,53 @@ def test_jpegs_are_decoded_in_full_unless_fast_decode_is_set(
     assert prepared.image.size == decoded_size
     assert (prepared.width, prepared.height) == (2560, 1920)
     assert prepared.scale_x == pytest.approx(2560 / decoded_size[0])
+
+
+@dataclass(frozen=True)
+class _RefusesWide:
+    """A model's format adapter whose resize fails on images wider than 1000 pixels."""
+
+    inner: FormatAdapter
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def shrink(self, image: Image.Image) -> ModelInput:
+        if image.width > 1000:
+            raise ValueError("too wide to resize")
+        return self.inner.shrink(image)
+
+    def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
+        return self.inner.collate(inputs, device)
+
+    def parse(self, output: Any, count: int) -> list[RawDetections]:
+        return self.inner.parse(output, count)
+
+
+def test_images_reach_the_model_at_its_input_size_and_a_failed_resize_fails_that_image_alone(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    # Given a YOLO export (input 640x640), a 2560x1920 and a 400x300 JPEG, and a resize that fails on the
+    # wide one
+    write_jpeg(tmp_path / "wide.jpg", (2560, 1920))
+    write_jpeg(tmp_path / "small.jpg", (400, 300))
+    loaded = load_model_for_device(save_yolov8_like(tmp_path / "v8.torchscript"), "cpu")
+    model = replace(loaded, adapter=_RefusesWide(loaded.adapter))
+    images = [
+        PendingImage(id=i, job_id=1, path=str(tmp_path / name), root_index=0, status=ImageStatus.PENDING)
+        for i, name in enumerate(["wide.jpg", "small.jpg"], start=1)
+    ]
+    # When the worker detects on both
+    prepared = ready(
+        model, images[1], cast(DecodedImage, prepare_image(runtime, model, images[1], [str(tmp_path)]))
+    )
+    wide, small = detect_images(runtime, model, images, [str(tmp_path)])
+    # Then the small one went to the model as its 640x640 letterboxed input, its geometry kept, and is done
+    assert isinstance(prepared, Ready)
+    assert prepared.model_input.pixels.shape == (640, 640, 3)
+    assert (prepared.geometry.width, prepared.geometry.height) == (400, 300)
+    assert small.status == ImageStatus.DONE and small.width == 400
+    # And the wide one failed alone, saying why
+    assert wide.status == ImageStatus.FAILED
+    assert wide.reason == "cannot resize image for the model: ValueError: too wide to resize"
