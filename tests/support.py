@@ -104,6 +104,16 @@ def write_corrupt_folder(folder: Path, outside: Path) -> dict[str, str]:
 YOLO_NAMES = {"0": "cat", "1": "dog"}
 
 
+def save_scripted(module: Any, path: Path, extra: dict[str, str] | None = None) -> Path:
+    """Script a module and save it with these extra files (its metadata), without torch's warnings."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(module), str(path), _extra_files=extra or {})
+    return path
+
+
 def _save_scripted_constant_output(path: Path, pred: Any, extra: dict[str, str]) -> Path:
     """A scripted model that takes [B, 3, H, W] and returns `pred` ([1, A, C]) repeated per image."""
     import torch
@@ -117,11 +127,7 @@ def _save_scripted_constant_output(path: Path, pred: Any, extra: dict[str, str])
             out = self.pred.expand(x.shape[0], -1, -1).clone()
             return out + x.mean() * 0
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        scripted = torch.jit.script(ConstantHead(pred).eval())
-        torch.jit.save(scripted, str(path), _extra_files=extra)
-    return path
+    return save_scripted(ConstantHead(pred).eval(), path, extra)
 
 
 def ultralytics_config(imgsz: list[int], *, nms: bool = False) -> str:

@@ -32,21 +32,27 @@ ITERATIONS_PER_MS = 350
 
 def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> Path:
     """A scripted torchvision-format model that computes for about ms_per_image per image, then boxes
-    the middle half of the image with score 0.9. With wider_than, only images wider than that are slow."""
+    the middle half of the image with score 0.9. With wider_than, only images wider than that are slow.
+    The warm-up's probe images (TORCHVISION_PROBE_SIZE) are never slow: a pool process warms up on a whole
+    micro-batch of them, and these tests time what happens to the images of a job."""
     import torch
 
+    from worker.models.loading import TORCHVISION_PROBE_SIZE
+
     class Slow(torch.nn.Module):
-        def __init__(self, iters: int, wider_than: int) -> None:
+        def __init__(self, iters: int, wider_than: int, probe: tuple[int, int]) -> None:
             super().__init__()
             self.iters = iters
             self.wider_than = wider_than
+            self.probe = probe
             self.w = torch.nn.Parameter(torch.randn(16, 16) / 5, requires_grad=False)
 
         def forward(self, images: list[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
             out: list[dict[str, torch.Tensor]] = []
             for img in images:
                 y = self.w
-                if img.shape[2] > self.wider_than:
+                probe = img.shape[1] == self.probe[0] and img.shape[2] == self.probe[1]
+                if img.shape[2] > self.wider_than and not probe:
                     for _ in range(self.iters):
                         y = torch.tanh(y @ self.w)
                 h = float(img.shape[1])
@@ -65,7 +71,9 @@ def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(
-            torch.jit.script(Slow(int(ms_per_image * ITERATIONS_PER_MS), wider_than).eval()),
+            torch.jit.script(
+                Slow(int(ms_per_image * ITERATIONS_PER_MS), wider_than, TORCHVISION_PROBE_SIZE).eval()
+            ),
             str(path),
             _extra_files={"detq.json": json.dumps(meta)},
         )

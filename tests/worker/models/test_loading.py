@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support import retag_archive_device, save_fixed_box_model
+from tests.support import retag_archive_device, save_fixed_box_model, save_scripted
 from worker.models.loading import ModelLoadError, load_model_for_device
 
 CUDA_LOAD_ERROR = re.compile(r"CUDA|NVIDIA|cuda", re.IGNORECASE)
@@ -56,11 +56,7 @@ def test_model_breaking_the_output_contract_fails_warm_up(tmp_path: Path) -> Non
         def forward(self, images: list[torch.Tensor]) -> torch.Tensor:
             return torch.stack([i.mean() for i in images])
 
-    path = tmp_path / "wrong.pt"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        meta = {"detq.json": '{"format": "torchvision"}'}
-        torch.jit.save(torch.jit.script(Wrong()), str(path), _extra_files=meta)
+    path = save_scripted(Wrong(), tmp_path / "wrong.pt", {"detq.json": '{"format": "torchvision"}'})
     with pytest.raises(ModelLoadError, match="breaks the torchvision contract"):
         load_model_for_device(path, "cpu")
 
@@ -83,14 +79,7 @@ class _AtMostFour(torch.nn.Module):
 
 def test_warm_up_runs_at_the_micro_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Given a model that fails on batches of more than four images
-    path = tmp_path / "four.pt"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(
-            torch.jit.script(_AtMostFour()),
-            str(path),
-            _extra_files={"detq.json": '{"format": "torchvision"}'},
-        )
+    path = save_scripted(_AtMostFour(), tmp_path / "four.pt", {"detq.json": '{"format": "torchvision"}'})
     # When it is loaded for micro-batches of four, then of eight
     fits = load_model_for_device(path, "cpu", micro_batch=4)
     too_many = load_model_for_device(path, "cpu", micro_batch=8)

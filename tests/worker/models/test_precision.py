@@ -4,7 +4,6 @@ fp32 on the demo model, and a model that cannot run so fails at load with a way 
 from __future__ import annotations
 
 import random
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from torchvision.ops import box_iou
 from demo.shapes import random_image_size, render_scene
 from detq.settings import BUNDLED_MODEL
 from detq.vocabulary import Precision
-from tests.support import ultralytics_config
+from tests.support import save_scripted, ultralytics_config
 from worker.inference import forward_images
 from worker.models.loading import ModelLoadError, load_model_for_device
 from worker.models.outputs import RawDetections
@@ -82,14 +81,9 @@ class _Float32Only(torch.nn.Module):
 
 
 def test_a_model_that_cannot_run_at_half_width_fails_at_load_saying_how_to_run_it(tmp_path: Path) -> None:
-    path = tmp_path / "fixed.torchscript"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(
-            torch.jit.script(_Float32Only()),
-            str(path),
-            _extra_files={"config.txt": ultralytics_config([32, 32])},
-        )
+    path = save_scripted(
+        _Float32Only(), tmp_path / "fixed.torchscript", {"config.txt": ultralytics_config([32, 32])}
+    )
     load_model_for_device(path, "cpu")  # runs at full width
     with pytest.raises(ModelLoadError, match="DETQ_PRECISION=fp32"):
         load_model_for_device(path, "cpu", precision=Precision.BF16)
