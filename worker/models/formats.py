@@ -95,14 +95,6 @@ class FixedInputAdapter:
         return parsed
 
 
-def prepare(
-    adapter: FormatAdapter, images: Sequence[Image.Image], device: torch.device
-) -> tuple[Any, list[InputTransform]]:
-    """Model input for these decoded images, and how to map its pixels back to each image."""
-    inputs = [adapter.shrink(image) for image in images]
-    return adapter.collate(inputs, device), [item.transform for item in inputs]
-
-
 def adapter_for(meta: ModelMeta) -> FormatAdapter:
     """The adapter of a resolved format."""
     if meta.format is None or not meta.format.fixed_input:

@@ -16,7 +16,7 @@ from PIL import Image
 from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
 from detq.vocabulary import ModelFormat, Precision
 from worker.models.devicefix import rewrite_device_constants
-from worker.models.formats import FormatAdapter, adapter_for, prepare
+from worker.models.formats import FormatAdapter, adapter_for
 from worker.models.introspect import torchvision_input_size
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
 from worker.models.optimize import faster_of, optimized_for_cpu
@@ -132,7 +132,7 @@ def _guess_format(module: Any, meta: ModelMeta, device: torch.device) -> tuple[M
 def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, count: int) -> None:
     height, width = meta.fixed_input_size() if meta.fixed_input else TORCHVISION_PROBE_SIZE
     images = [Image.new("RGB", (width, height), (114, 114, 114)) for _ in range(count)]
-    inputs, _ = prepare(adapter, images, device)
+    inputs = adapter.collate([adapter.shrink(image) for image in images], device)
     with torch.inference_mode():
         adapter.parse(module(inputs), count)
 
