@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,31 @@ def _on_sqlite_connect(dbapi_connection: Any, connection_record: ConnectionPoolE
     try:
         # busy_timeout first, so that switching a fresh file to WAL waits for other processes too.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
     finally:
         cursor.close()
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """PRAGMA journal_mode=WAL, retried for up to the busy timeout while the file is locked.
+
+    The switch of a rollback-journal file (a fresh one) needs its exclusive lock. Where another connection
+    holds the write lock, or two processes switch the same fresh file at once, SQLite answers "database is
+    locked" at once rather than call the busy handler (waiting could deadlock), so the wait is done here.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.002
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if not _classify_driver_error(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _on_sqlite_begin(conn: Connection) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +32,30 @@ def test_sqlite_connections_get_wal_and_pragmas(sqlite_engine: sa.Engine) -> Non
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+
+
+def test_switching_a_locked_file_to_wal_waits_for_the_lock(tmp_path: Path) -> None:
+    # Given a fresh rollback-journal file whose write lock another connection holds for a moment: the case
+    # of two processes opening the same fresh ledger at once, where SQLite fails the switch at once
+    path = tmp_path / "detq.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (a INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.3, holder.execute, args=("COMMIT",))
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        started = time.monotonic()
+        release.start()
+        # When detq connects, Then it waits for the lock instead of failing, and the file is in WAL
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("SELECT a FROM t").scalars().all() == [1]
+        assert time.monotonic() - started >= 0.25
+    finally:
+        release.join()
+        engine.dispose()
+        holder.close()
 
 
 def test_sqlite_parent_folder_is_created(tmp_path: Path) -> None:
