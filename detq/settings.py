@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from platformdirs import user_data_path
-from pydantic import BaseModel, ConfigDict, Field
-
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.errors import DetqError
+from detq.setting_values import BadValue, Reader, boolean, choice, integer, number, optional, path, text
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
@@ -39,151 +40,218 @@ def environment(env_file: str | Path | None = ENV_FILE) -> dict[str, str]:
     return found
 
 
-class Settings(BaseModel):
+def setting(
+    default: Any = MISSING, *, read: Reader, doc: str, factory: Callable[[], Any] | None = None
+) -> Any:
+    """A field of Settings: its default (or a factory of it), the reader of its values, what it does."""
+    metadata = {"read": read, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _user_data_dir() -> Path:
+    from platformdirs import user_data_path  # only where DETQ_DATA_DIR is not set
+
+    return user_data_path("detq", appauthor=False)
+
+
+class SettingsError(DetqError):
+    """DETQ_* values (or arguments) a setting cannot take, each named with what it takes."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(init=False)
+class Settings:
     """Typed detq settings; every field maps to a DETQ_<NAME> environment variable.
 
-    Read by detq itself (environment()), not by pydantic-settings: that package added some 30 ms to every
-    command's start-up (import and Settings(): 116 -> 86 ms here, best of 15). Keyword arguments override
-    the environment, which overrides the .env file; unknown DETQ_* names are ignored.
+    Read and checked by detq itself, on a plain dataclass: pydantic's import and schema build were about
+    a third of every command's start-up. Keyword arguments override the environment, which overrides the
+    .env file; an empty value is the default; unknown DETQ_* names are ignored.
     """
 
-    model_config = ConfigDict(extra="ignore")
-
-    def __init__(self, _env_file: str | Path | None = ENV_FILE, **values: Any) -> None:
-        super().__init__(**{**environment(_env_file), **values})
-
-    data_dir: Path = Field(
-        default_factory=lambda: user_data_path("detq", appauthor=False),
-        description="Where the embedded database and broker live (default: the user's data folder).",
+    data_dir: Path = setting(
+        read=path,
+        factory=_user_data_dir,
+        doc="Where the embedded database and broker live (default: the user's data folder).",
     )
-    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
-    broker_url: str | None = Field(
-        default=None, description="Celery broker URL; default an embedded filesystem broker in data_dir."
+    database_url: str | None = setting(
+        None, read=optional(text()), doc="SQLAlchemy URL; default SQLite in data_dir."
     )
-    model: Path = Field(default=BUNDLED_MODEL, description="Model file workers load and jobs default to.")
-    model_sha256: str | None = Field(
-        default=None,
-        pattern=r"^[0-9a-f]{64}$",
-        description="Pin: workers refuse a model file (theirs, or a job's) whose sha256 is not this.",
+    broker_url: str | None = setting(
+        None,
+        read=optional(text()),
+        doc="Celery broker URL; default an embedded filesystem broker in data_dir.",
     )
-    metrics_port: int | None = Field(
-        default=None, ge=1, le=65535, description="Serve Prometheus metrics of each worker on this port."
+    model: Path = setting(BUNDLED_MODEL, read=path, doc="Model file workers load and jobs default to.")
+    model_sha256: str | None = setting(
+        None,
+        read=optional(text(r"[0-9a-f]{64}", "64 lower-case hex digits")),
+        doc="Pin: workers refuse a model file (theirs, or a job's) whose sha256 is not this.",
     )
-    metrics_address: str = Field(
-        default="127.0.0.1", description="Address the metrics endpoint listens on (0.0.0.0 for a scraper)."
+    metrics_port: int | None = setting(
+        None,
+        read=optional(integer(ge=1, le=65535)),
+        doc="Serve Prometheus metrics of each worker on this port.",
     )
-    flower_basic_auth: str | None = Field(
-        default=None, description="user:password (comma-separated pairs) that `detq flower` requires."
+    metrics_address: str = setting(
+        "127.0.0.1", read=text(), doc="Address the metrics endpoint listens on (0.0.0.0 for a scraper)."
     )
-    allowed_roots: str = Field(
-        default="",
-        description="Folders workers may read from, separated by ':' or ','; empty: no extra limit.",
+    flower_basic_auth: str | None = setting(
+        None, read=optional(text()), doc="user:password (comma-separated pairs) that `detq flower` requires."
     )
-    batch_size: int = Field(
-        default=16, ge=MIN_BATCH_SIZE, le=MAX_BATCH_SIZE, description="Images per queued task."
+    allowed_roots: str = setting(
+        "", read=text(), doc="Folders workers may read from, separated by ':' or ','; empty: no extra limit."
     )
-    micro_batch: int = Field(default=8, ge=1, le=256, description="Images per forward pass.")
-    score_threshold: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="Drop detections below this score (default: the model's)."
+    batch_size: int = setting(
+        16, read=integer(ge=MIN_BATCH_SIZE, le=MAX_BATCH_SIZE), doc="Images per queued task."
     )
-    model_format: ModelFormat | None = Field(
-        default=None, description="Override the model's output format (default: its metadata, else guessed)."
+    micro_batch: int = setting(8, read=integer(ge=1, le=256), doc="Images per forward pass.")
+    score_threshold: float | None = setting(
+        None,
+        read=optional(number(ge=0.0, le=1.0)),
+        doc="Drop detections below this score (default: the model's).",
     )
-    input_size: str | None = Field(
-        default=None, description="Override the model's input size: 'H,W' or one number for a square."
+    model_format: ModelFormat | None = setting(
+        None,
+        read=optional(choice(ModelFormat)),
+        doc="Override the model's output format (default: its metadata, else guessed).",
     )
-    iou_threshold: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="Override the NMS IoU threshold of YOLO outputs (0.7)."
+    input_size: str | None = setting(
+        None, read=optional(text()), doc="Override the model's input size: 'H,W' or one number for a square."
     )
-    max_detections: int | None = Field(
-        default=None, ge=1, description="Override the detections kept per image of YOLO outputs (300)."
+    iou_threshold: float | None = setting(
+        None,
+        read=optional(number(ge=0.0, le=1.0)),
+        doc="Override the NMS IoU threshold of YOLO outputs (0.7).",
     )
-    fast_decode: bool = Field(
-        default=False,
-        description=(
+    max_detections: int | None = setting(
+        None,
+        read=optional(integer(ge=1)),
+        doc="Override the detections kept per image of YOLO outputs (300).",
+    )
+    fast_decode: bool = setting(
+        False,
+        read=boolean,
+        doc=(
             "Decode JPEGs at a reduced DCT scale near the model's input size: faster on large photos, but the"
             " pixels, and so some boxes, differ from the model's reference preprocessing (docs/models.md)."
         ),
     )
-    cpu_optimize: bool = Field(
-        default=False,
-        description=(
+    cpu_optimize: bool = setting(
+        False,
+        read=boolean,
+        doc=(
             "Freeze TorchScript models and optimise them for CPU inference where that runs faster (timed at"
             " load); scores move by about 1e-6, so a box right at a threshold may flip (docs/models.md)."
         ),
     )
-    precision: Precision = Field(
-        default=Precision.FP32,
-        description=(
+    precision: Precision = setting(
+        Precision.FP32,
+        read=choice(Precision),
+        doc=(
             "fp16 or bf16: run the model under autocast at half width, its outputs read as float32:"
             " faster on GPUs; boxes and scores move a little (docs/models.md)."
         ),
     )
-    max_image_pixels: int = Field(default=100_000_000, ge=1, description="Larger images are rejected.")
-    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Larger files are rejected.")
-    task_soft_time_limit: int = Field(
-        default=900, ge=1, description="Seconds before a batch is asked to stop."
+    max_image_pixels: int = setting(100_000_000, read=integer(ge=1), doc="Larger images are rejected.")
+    max_file_bytes: int = setting(200 * 1024 * 1024, read=integer(ge=1), doc="Larger files are rejected.")
+    task_soft_time_limit: int = setting(
+        900, read=integer(ge=1), doc="Seconds before a batch is asked to stop."
     )
-    task_time_limit: int = Field(
-        default=1200, ge=1, description="Seconds before a batch's process is killed."
+    task_time_limit: int = setting(
+        1200, read=integer(ge=1), doc="Seconds before a batch's process is killed."
     )
-    visibility_timeout: int = Field(
-        default=3600, ge=1, description="Redis redelivery timeout; must exceed task_time_limit."
+    visibility_timeout: int = setting(
+        3600, read=integer(ge=1), doc="Redis redelivery timeout; must exceed task_time_limit."
     )
-    broker_polling_interval: float = Field(
-        default=0.05, gt=0, description="Seconds between polls of the embedded filesystem broker."
+    broker_polling_interval: float = setting(
+        0.05, read=number(gt=0), doc="Seconds between polls of the embedded filesystem broker."
     )
-    decode_threads: int | None = Field(
-        default=None,
-        ge=1,
-        le=64,
-        description="Decode threads per process (default: 1 on cpu, cores/GPUs on gpu).",
+    decode_threads: int | None = setting(
+        None,
+        read=optional(integer(ge=1, le=64)),
+        doc="Decode threads per process (default: 1 on cpu, cores/GPUs on gpu).",
     )
-    torch_threads: int | None = Field(
-        default=None,
-        ge=1,
-        le=256,
-        description="Intra-op threads per pool process (default: cores / processes on cpu, up to 4 on gpu).",
+    torch_threads: int | None = setting(
+        None,
+        read=optional(integer(ge=1, le=256)),
+        doc="Intra-op threads per pool process (default: cores / processes on cpu, up to 4 on gpu).",
     )
-    worker_concurrency: int | None = Field(default=None, ge=1, description="Processes per worker.")
-    log_level: str = Field(default="INFO", description="Worker log level.")
-    schedules_file: Path | None = Field(
-        default=None, description="TOML file of schedules for `detq scheduler` (docs/scheduling.md)."
+    worker_concurrency: int | None = setting(None, read=optional(integer(ge=1)), doc="Processes per worker.")
+    log_level: str = setting("INFO", read=text(), doc="Worker log level.")
+    schedules_file: Path | None = setting(
+        None, read=optional(path), doc="TOML file of schedules for `detq scheduler` (docs/scheduling.md)."
     )
-    schedule_name: str = Field(default="default", description="Name of the schedule of DETQ_SCHEDULE_*.")
-    schedule_folder: Path | None = Field(
-        default=None, description="Folder of a single schedule given in the environment."
+    schedule_name: str = setting("default", read=text(), doc="Name of the schedule of DETQ_SCHEDULE_*.")
+    schedule_folder: Path | None = setting(
+        None, read=optional(path), doc="Folder of a single schedule given in the environment."
     )
-    schedule_cron: str | None = Field(
-        default=None, description="Cron of that schedule: 5 fields, or 6 with seconds first."
+    schedule_cron: str | None = setting(
+        None, read=optional(text()), doc="Cron of that schedule: 5 fields, or 6 with seconds first."
     )
-    schedule_timezone: str = Field(default="UTC", description="Time zone the schedule's cron is read in.")
-    schedule_pool: Pool = Field(default=Pool.ANY, description="Pool the environment schedule's runs go to.")
-    max_retries: int = Field(
-        default=2, ge=0, le=100, description="Later runs that retry an image that failed, before giving up."
+    schedule_timezone: str = setting("UTC", read=text(), doc="Time zone the schedule's cron is read in.")
+    schedule_pool: Pool = setting(
+        Pool.ANY, read=choice(Pool), doc="Pool the environment schedule's runs go to."
     )
-    max_attempts: int = Field(
-        default=3,
-        ge=1,
-        le=100,
-        description="Starts of an image whose process died each time, before it is failed with that reason.",
+    max_retries: int = setting(
+        2, read=integer(ge=0, le=100), doc="Later runs that retry an image that failed, before giving up."
     )
-    worker_timeout: float = Field(
-        default=30.0,
-        ge=3.0,
-        le=3600,
-        description="A worker not seen for this long is dead: its batches are given back and sent again.",
+    max_attempts: int = setting(
+        3,
+        read=integer(ge=1, le=100),
+        doc="Starts of an image whose process died each time, before it is failed with that reason.",
     )
-    backups: bool = Field(
-        default=True,
-        description="At a queue's tail, an idle worker races a busy one on its running batches; first wins.",
+    worker_timeout: float = setting(
+        30.0,
+        read=number(ge=3.0, le=3600),
+        doc="A worker not seen for this long is dead: its batches are given back and sent again.",
     )
-    scheduler_lease_seconds: float = Field(
-        default=30.0,
-        ge=0.5,
-        le=3600,
-        description="Scheduler lease: renewed every third of it; a standby takes over once it runs out.",
+    backups: bool = setting(
+        True,
+        read=boolean,
+        doc="At a queue's tail, an idle worker races a busy one on its running batches; first wins.",
     )
+    scheduler_lease_seconds: float = setting(
+        30.0,
+        read=number(ge=0.5, le=3600),
+        doc="Scheduler lease: renewed every third of it; a standby takes over once it runs out.",
+    )
+
+    def __init__(self, _env_file: str | Path | None = ENV_FILE, **values: Any) -> None:
+        unknown = sorted(set(values) - set(SETTING_NAMES))
+        if unknown:
+            raise TypeError(f"Settings got unknown settings {unknown}")
+        given = {name: value for name, value in environment(_env_file).items() if name in SETTING_NAMES}
+        given.update(values)
+        problems: list[str] = []
+        for spec in fields(Settings):
+            if spec.name in given:
+                value = _read(spec, given[spec.name], problems)
+            elif spec.default_factory is not MISSING:
+                value = spec.default_factory()
+            else:
+                value = spec.default
+            setattr(self, spec.name, value)
+        if problems:
+            raise SettingsError(problems)
+
+    def replace(self, **updates: Any) -> Settings:
+        """A copy with these settings changed, each checked as when read."""
+        unknown = sorted(set(updates) - set(SETTING_NAMES))
+        if unknown:
+            raise TypeError(f"Settings.replace got unknown settings {unknown}")
+        changed = copy.copy(self)
+        problems: list[str] = []
+        specs = {spec.name: spec for spec in fields(Settings)}
+        for name, value in updates.items():
+            setattr(changed, name, _read(specs[name], value, problems))
+        if problems:
+            raise SettingsError(problems)
+        return changed
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -236,6 +304,18 @@ class Settings(BaseModel):
         """DETQ_ALLOWED_ROOTS as resolved paths."""
         parts = self.allowed_roots.replace(",", os.pathsep).split(os.pathsep)
         return [Path(p).expanduser().resolve() for p in parts if p.strip()]
+
+
+SETTING_NAMES = tuple(spec.name for spec in fields(Settings))
+
+
+def _read(spec: Field[Any], value: Any, problems: list[str]) -> Any:
+    """The setting's value read by its reader; a problem noted (and its default kept) where it cannot be."""
+    try:
+        return spec.metadata["read"](value)
+    except BadValue as exc:
+        problems.append(f"{PREFIX}{spec.name.upper()}: {exc}")
+        return spec.default
 
 
 @lru_cache(maxsize=1)

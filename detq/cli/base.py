@@ -6,10 +6,9 @@ import gc
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
 from detq.errors import DetqError
-from detq.settings import Settings, get_settings
+from detq.settings import Settings, SettingsError, get_settings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -64,12 +63,8 @@ def load_settings() -> Settings:
     """The process's settings; a bad DETQ_* value is a ConfigError naming each variable."""
     try:
         return get_settings()
-    except ValidationError as exc:
-        problems = [
-            f"DETQ_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
-            for error in exc.errors()
-        ]
-        raise ConfigError("bad configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        raise ConfigError(f"bad configuration: {exc}") from None
 
 
 def examples(*lines: str) -> str:

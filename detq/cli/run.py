@@ -85,7 +85,7 @@ def run(
     the same command again resumes. Exit 0: every image done, 4: finished with failures, 5: timed out.
     """
     settings = load_settings()
-    settings = settings.model_copy(update={"model": check_model_file(model or settings.model)})
+    settings = settings.replace(model=check_model_file(model or settings.model))
     roots = check_roots(folders, settings.allowed_root_paths)
     worker_pool = WorkerPool(pool)
     start_here = settings.is_embedded_broker if local_workers is None else local_workers

@@ -83,7 +83,7 @@ def worker(
     if input_size is not None:
         updates["input_size"] = input_size
     if updates:
-        settings = settings.model_copy(update=updates)
+        settings = settings.replace(**updates)
     code = run_worker(
         settings,
         pool=WorkerPool(pool),

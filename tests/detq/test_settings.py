@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from detq.settings import BUNDLED_MODEL, Settings
+from detq.settings import BUNDLED_MODEL, SETTING_NAMES, Settings, SettingsError
+from detq.vocabulary import ModelFormat, Precision
 
 
 def test_defaults_are_embedded_in_the_users_data_folder_wherever_detq_runs(
@@ -41,21 +42,19 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_env_file_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     example = Path(__file__).resolve().parents[2] / ".env.example"
     documented = {line.split("=", 1)[0] for line in example.read_text().splitlines() if line[:5] == "DETQ_"}
-    assert documented == {f"DETQ_{name.upper()}" for name in Settings.model_fields}
+    assert documented == {f"DETQ_{name.upper()}" for name in SETTING_NAMES}
     Settings(_env_file=example)
 
 
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pydantic import ValidationError
-
     monkeypatch.setenv("DETQ_BATCH_SIZE", "0")
-    with pytest.raises(ValidationError):
+    with pytest.raises(SettingsError, match="^DETQ_BATCH_SIZE: must be at least 1, not 0$"):
         Settings(_env_file=None)
 
 
 def test_readme_documents_every_setting() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    missing = [name for name in Settings.model_fields if f"DETQ_{name.upper()}" not in readme]
+    missing = [name for name in SETTING_NAMES if f"DETQ_{name.upper()}" not in readme]
     assert missing == []
 
 
@@ -80,4 +79,47 @@ def test_env_file_then_environment_then_arguments(monkeypatch: pytest.MonkeyPatc
     assert read.resolved_broker_url == "redis://from-file:6379/0"
     assert given.micro_batch == 16
     # And without the file, only the environment counts
-    assert Settings(_env_file=None).batch_size == Settings.model_fields["batch_size"].default
+    assert Settings(_env_file=None).batch_size == 16
+
+
+def test_every_bad_value_is_named_at_once_with_what_it_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETQ_MICRO_BATCH", "eight")
+    monkeypatch.setenv("DETQ_PRECISION", "fp8")
+    with pytest.raises(SettingsError) as raised:
+        Settings(_env_file=None, fast_decode="maybe", model_sha256="ABC")
+    assert raised.value.problems == [
+        "DETQ_MODEL_SHA256: must be 64 lower-case hex digits, not 'ABC'",
+        "DETQ_MICRO_BATCH: must be a whole number, not 'eight'",
+        "DETQ_FAST_DECODE: must be true or false, not 'maybe'",
+        "DETQ_PRECISION: must be one of fp32, fp16, bf16, not 'fp8'",
+    ]
+
+
+def test_values_are_read_to_their_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "DETQ_WORKER_TIMEOUT": "45",
+        "DETQ_FAST_DECODE": "Yes",
+        "DETQ_BACKUPS": "off",
+        "DETQ_PRECISION": "bf16",
+        "DETQ_MODEL_FORMAT": "yolov8",
+        "DETQ_SCHEDULE_FOLDER": "/data/in",
+        "DETQ_METRICS_PORT": " 9100 ",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)
+    assert settings.worker_timeout == 45.0 and isinstance(settings.worker_timeout, float)
+    assert (settings.fast_decode, settings.backups) == (True, False)
+    assert (settings.precision, settings.model_format) == (Precision.BF16, ModelFormat.YOLOV8)
+    assert settings.schedule_folder == Path("/data/in")
+    assert settings.metrics_port == 9100
+
+
+def test_replace_checks_its_values_and_leaves_the_original() -> None:
+    settings = Settings(_env_file=None)
+    changed = settings.replace(batch_size="32", precision=Precision.FP16)
+    assert (changed.batch_size, changed.precision) == (32, Precision.FP16)
+    assert (settings.batch_size, settings.precision) == (16, Precision.FP32)
+    with pytest.raises(SettingsError, match="DETQ_BROKER_POLLING_INTERVAL: must be greater than 0"):
+        settings.replace(broker_polling_interval=0)
+    with pytest.raises(TypeError, match="no_such"):
+        settings.replace(no_such=1)

@@ -244,7 +244,7 @@ def test_a_pinned_worker_refuses_a_job_of_another_model(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
     # Given a worker pinned to a hash that is not its job's model
-    runtime.settings = runtime.settings.model_copy(update={"model_sha256": "0" * 64})
+    runtime.settings = runtime.settings.replace(model_sha256="0" * 64)
     write_jpeg(tmp_path / "a.jpg", (32, 32))
     job = stage(tmp_path, ["a.jpg"])
     # When the batch runs, Then its image fails with the pin as the reason, no model is loaded from it

@@ -30,7 +30,7 @@ def test_jpegs_are_decoded_in_full_unless_fast_decode_is_set(
     write_jpeg(tmp_path / "big.jpg", (2560, 1920))
     model = load_model_for_device(save_yolov8_like(tmp_path / "v8.torchscript"), "cpu")
     assert model.decode_target == (640, 640)
-    worker = replace(runtime, settings=runtime.settings.model_copy(update={"fast_decode": fast}))
+    worker = replace(runtime, settings=runtime.settings.replace(fast_decode=fast))
     image = PendingImage(
         id=1, job_id=1, path=str(tmp_path / "big.jpg"), root_index=0, status=ImageStatus.PENDING
     )

@@ -1,0 +1,128 @@
+"""Readers of setting values: each turns a DETQ_* string or a Python value into its type, or says why not."""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Reader = Callable[[Any], Any]
+
+_TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
+_FALSE = frozenset({"0", "false", "no", "off", "f", "n"})
+
+
+class BadValue(ValueError):
+    """A value a setting cannot take; its message says what the setting takes."""
+
+
+def text(pattern: str | None = None, hint: str = "") -> Reader:
+    """A string, matching pattern (a full match) where one is given."""
+    compiled = re.compile(pattern) if pattern is not None else None
+
+    def read(value: Any) -> str:
+        if not isinstance(value, str):
+            raise BadValue(f"must be text, not {value!r}")
+        if compiled is not None and compiled.fullmatch(value) is None:
+            raise BadValue(f"must be {hint or f'text matching {pattern}'}, not {value!r}")
+        return value
+
+    return read
+
+
+def path(value: Any) -> Path:
+    """A filesystem path, kept as given (relative paths resolve where it is used)."""
+    if isinstance(value, Path):
+        return value
+    if isinstance(value, str) and value:
+        return Path(value)
+    raise BadValue(f"must be a path, not {value!r}")
+
+
+def integer(ge: int | None = None, le: int | None = None) -> Reader:
+    """A whole number within [ge, le]."""
+
+    def read(value: Any) -> int:
+        if isinstance(value, bool):
+            raise BadValue(f"must be a whole number, not {value!r}")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise BadValue(f"must be a whole number, not {value!r}") from None
+        if not isinstance(value, int):
+            raise BadValue(f"must be a whole number, not {value!r}")
+        _check_bounds(value, ge=ge, le=le)
+        return value
+
+    return read
+
+
+def number(ge: float | None = None, gt: float | None = None, le: float | None = None) -> Reader:
+    """A finite number within the bounds given."""
+
+    def read(value: Any) -> float:
+        if isinstance(value, bool):
+            raise BadValue(f"must be a number, not {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise BadValue(f"must be a number, not {value!r}") from None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise BadValue(f"must be a finite number, not {value!r}")
+        _check_bounds(value, ge=ge, le=le)
+        if gt is not None and not value > gt:
+            raise BadValue(f"must be greater than {gt}, not {value}")
+        return float(value)
+
+    return read
+
+
+def boolean(value: Any) -> bool:
+    """true/false, yes/no, on/off, 1/0 (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise BadValue(f"must be true or false, not {value!r}")
+
+
+def choice(kind: type[enum.StrEnum]) -> Reader:
+    """One of a string enum's values."""
+
+    def read(value: Any) -> enum.StrEnum:
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = ", ".join(member.value for member in kind)
+            raise BadValue(f"must be one of {allowed}, not {value!r}") from None
+
+    return read
+
+
+def optional(reader: Reader) -> Reader:
+    """reader's value, or None for None."""
+
+    def read(value: Any) -> Any:
+        return None if value is None else reader(value)
+
+    return read
+
+
+def _check_bounds(value: float, *, ge: float | None, le: float | None) -> None:
+    if ge is not None and value < ge:
+        raise BadValue(f"must be at least {ge}, not {value}")
+    if le is not None and value > le:
+        raise BadValue(f"must be at most {le}, not {value}")
