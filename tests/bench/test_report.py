@@ -1,0 +1,24 @@
+"""The benchmark's table: best-against-best ratios and the ceiling's ratio round by round."""
+
+from __future__ import annotations
+
+from bench.report import CEILING, NAIVE, round_by_round, table
+
+
+def test_round_by_round_pairs_each_run_with_the_ceilings_run_of_the_same_round() -> None:
+    # Given a machine that slowed down in round two for both runners
+    detq, ceiling = [9.0, 4.5, 8.0], [10.0, 5.0, 10.0]
+    # Then each round's ratio compares like with like: 0.9, 0.9 and 0.8
+    assert round_by_round(detq, ceiling) == "0.90x (0.80-0.90)"
+    assert round_by_round(detq, None) == "-"
+    assert round_by_round(detq, [0.0, 0.0, 0.0]) == "-"
+
+
+def test_table_shows_best_against_best_and_round_by_round() -> None:
+    rows = table({"m 1280x960": {NAIVE: [5.0, 4.0], CEILING: [10.0, 5.0], "detq embedded": [9.0, 6.0]}})
+    lines = rows.splitlines()
+    assert lines[0].endswith("| vs ceiling, round by round |")
+    # best 9.0 against the ceiling's best 10.0; round by round 0.9 and 1.2
+    expected = "| m 1280x960 | detq embedded | 9.0, 6.0 | 9.0 | 1.80x | 0.90x | - | 1.05x (0.90-1.20) |"
+    assert lines[-1] == expected
+    assert lines[-2].endswith("| 1.00x (1.00-1.00) |")
