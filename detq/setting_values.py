@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, Field, field
 from pathlib import Path
 from typing import Any
+
+from detq.errors import DetqError
 
 Reader = Callable[[Any], Any]
 
@@ -17,6 +20,52 @@ _FALSE = frozenset({"0", "false", "no", "off", "f", "n"})
 
 class BadValue(ValueError):
     """A value a setting cannot take; its message says what the setting takes."""
+
+
+def setting(
+    default: Any = MISSING, *, read: Reader, doc: str, factory: Callable[[], Any] | None = None
+) -> Any:
+    """A field of Settings: its default (or a factory of it), the reader of its values, what it does."""
+    metadata = {"read": read, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+class SettingsError(DetqError):
+    """DETQ_* values (or arguments) a setting cannot take, each named with what it takes."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def read_values(
+    specs: Iterable[Field[Any]], given: Mapping[str, Any], variable: Callable[[str], str], *, defaults: bool
+) -> dict[str, Any]:
+    """The given values of these fields, each read by its reader; with defaults, the others' defaults too.
+
+    A name no field has is a TypeError (a caller's mistake); values that cannot be read are a SettingsError
+    naming each, as variable(name) spells it.
+    """
+    specs = list(specs)
+    unknown = sorted(set(given) - {spec.name for spec in specs})
+    if unknown:
+        raise TypeError(f"no such settings: {unknown}")
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for spec in specs:
+        if spec.name in given:
+            try:
+                values[spec.name] = spec.metadata["read"](given[spec.name])
+            except BadValue as exc:
+                problems.append(f"{variable(spec.name)}: {exc}")
+        elif defaults:
+            factory = spec.default_factory
+            values[spec.name] = factory() if factory is not MISSING else spec.default
+    if problems:
+        raise SettingsError(problems)
+    return values
 
 
 def text(pattern: str | None = None, hint: str = "") -> Reader:

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.errors import DetqError
-from detq.setting_values import BadValue, Reader, boolean, choice, integer, number, optional, path, text
+from detq.setting_values import (
+    SettingsError as SettingsError,
+)
+from detq.setting_values import (
+    boolean,
+    choice,
+    integer,
+    number,
+    optional,
+    path,
+    read_values,
+    setting,
+    text,
+)
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
@@ -40,28 +52,10 @@ def environment(env_file: str | Path | None = ENV_FILE) -> dict[str, str]:
     return found
 
 
-def setting(
-    default: Any = MISSING, *, read: Reader, doc: str, factory: Callable[[], Any] | None = None
-) -> Any:
-    """A field of Settings: its default (or a factory of it), the reader of its values, what it does."""
-    metadata = {"read": read, "doc": doc}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
 def _user_data_dir() -> Path:
     from platformdirs import user_data_path  # only where DETQ_DATA_DIR is not set
 
     return user_data_path("detq", appauthor=False)
-
-
-class SettingsError(DetqError):
-    """DETQ_* values (or arguments) a setting cannot take, each named with what it takes."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
 
 
 @dataclass(init=False)
@@ -222,35 +216,16 @@ class Settings:
     )
 
     def __init__(self, _env_file: str | Path | None = ENV_FILE, **values: Any) -> None:
-        unknown = sorted(set(values) - set(SETTING_NAMES))
-        if unknown:
-            raise TypeError(f"Settings got unknown settings {unknown}")
-        given = {name: value for name, value in environment(_env_file).items() if name in SETTING_NAMES}
-        given.update(values)
-        problems: list[str] = []
-        for spec in fields(Settings):
-            if spec.name in given:
-                value = _read(spec, given[spec.name], problems)
-            elif spec.default_factory is not MISSING:
-                value = spec.default_factory()
-            else:
-                value = spec.default
-            setattr(self, spec.name, value)
-        if problems:
-            raise SettingsError(problems)
+        found = environment(_env_file)
+        given = {**{name: found[name] for name in SETTING_NAMES if name in found}, **values}
+        for name, value in read_values(fields(Settings), given, _variable, defaults=True).items():
+            setattr(self, name, value)
 
     def replace(self, **updates: Any) -> Settings:
         """A copy with these settings changed, each checked as when read."""
-        unknown = sorted(set(updates) - set(SETTING_NAMES))
-        if unknown:
-            raise TypeError(f"Settings.replace got unknown settings {unknown}")
         changed = copy.copy(self)
-        problems: list[str] = []
-        specs = {spec.name: spec for spec in fields(Settings)}
-        for name, value in updates.items():
-            setattr(changed, name, _read(specs[name], value, problems))
-        if problems:
-            raise SettingsError(problems)
+        for name, value in read_values(fields(Settings), updates, _variable, defaults=False).items():
+            setattr(changed, name, value)
         return changed
 
     @property
@@ -309,13 +284,8 @@ class Settings:
 SETTING_NAMES = tuple(spec.name for spec in fields(Settings))
 
 
-def _read(spec: Field[Any], value: Any, problems: list[str]) -> Any:
-    """The setting's value read by its reader; a problem noted (and its default kept) where it cannot be."""
-    try:
-        return spec.metadata["read"](value)
-    except BadValue as exc:
-        problems.append(f"{PREFIX}{spec.name.upper()}: {exc}")
-        return spec.default
+def _variable(name: str) -> str:
+    return f"{PREFIX}{name.upper()}"
 
 
 @lru_cache(maxsize=1)
