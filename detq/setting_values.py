@@ -1,4 +1,4 @@
-"""Readers of setting values: each turns a DETQ_* string or a Python value into its type, or says why not."""
+"""Setting fields and their readers, which turn a DETQ_* string or a value into its type or say why not."""
 
 from __future__ import annotations
 

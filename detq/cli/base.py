@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from detq.errors import DetqError
-from detq.settings import Settings, SettingsError, get_settings
+from detq.setting_values import SettingsError
+from detq.settings import Settings, get_settings
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 

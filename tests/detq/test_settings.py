@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from detq.settings import BUNDLED_MODEL, SETTING_NAMES, Settings, SettingsError
+from detq.setting_values import SettingsError
+from detq.settings import BUNDLED_MODEL, SETTING_NAMES, Settings
 from detq.vocabulary import ModelFormat, Precision
 
 
