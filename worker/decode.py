@@ -1,18 +1,23 @@
-"""Decode an image file with Pillow: bounded size, EXIF orientation, RGB, JPEG draft near the model's size."""
+"""Decode an image file: bounded size, EXIF orientation, RGB; JPEG draft near the model's size, or OpenCV."""
 
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from worker.jpeg import RgbDecoder, orient
 
 # EXIF orientations 5-8 transpose the image: raw width becomes displayed height.
 _TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 _EXIF_ORIENTATION_TAG = 0x0112
+_END_OF_IMAGE = b"\xff\xd9"
 # Longer side over shorter side; panoramas reach about 10:1, line-scan strips far more.
 MAX_ASPECT_RATIO = 100
 
@@ -37,9 +42,9 @@ class Geometry:
 
 @dataclass(frozen=True)
 class DecodedImage(Geometry):
-    """An RGB image ready for the model, with its geometry."""
+    """An RGB image ready for the model (a Pillow image, or H x W x 3 uint8 pixels), with its geometry."""
 
-    image: Image.Image
+    image: Image.Image | np.ndarray
 
     def geometry(self) -> Geometry:
         """The geometry alone: what is left to keep once the pixels are in the model's input."""
@@ -60,12 +65,15 @@ def decode_image(
     target_size: tuple[int, int] | None,
     max_pixels: int,
     max_bytes: int,
+    jpeg: RgbDecoder | None = None,
 ) -> DecodedImage:
     """Decode a file (a path, or a file already opened) to RGB in its displayed orientation, reduced
     toward `target_size` (height, width).
 
     The returned width/height are the original displayed size; scale_x/scale_y convert decoded pixels
-    to original pixels. Raises ImageRejected or ImageUnreadable with a reason.
+    to original pixels. Raises ImageRejected or ImageUnreadable with a reason. With `jpeg` (see
+    worker.jpeg.exact_jpeg_decoder) and no target, a whole 8-bit RGB JPEG is decoded by it instead of Pillow:
+    the same pixels, as an array; a file it cannot read goes to Pillow, which names the problem.
     """
     size = os.stat(source).st_size if isinstance(source, Path) else os.fstat(source.fileno()).st_size
     if size == 0:
@@ -87,12 +95,34 @@ def decode_image(
     except OSError as exc:
         raise ImageUnreadable(f"cannot open image: {exc}") from exc
     try:
-        return _decode_opened(img, target_size=target_size, max_pixels=max_pixels)
+        return _decode_opened(img, target_size=target_size, max_pixels=max_pixels, jpeg=_reader(jpeg, source))
     finally:
         img.close()
 
 
-def _decode_opened(img: Image.Image, *, target_size: tuple[int, int] | None, max_pixels: int) -> DecodedImage:
+def _reader(jpeg: RgbDecoder | None, source: Path | BinaryIO) -> JpegReader | None:
+    """How to decode the whole file with `jpeg`, reading it from the start: a path, or an open file."""
+    if jpeg is None:
+        return None
+
+    def read() -> np.ndarray | None:
+        if isinstance(source, Path):
+            data = source.read_bytes()
+        else:
+            data = os.pread(source.fileno(), os.fstat(source.fileno()).st_size, 0)
+        # Pillow fails a file cut short ("image file is truncated") where libjpeg fills in grey: one
+        # whose last bytes are not its end marker goes to Pillow (as does one with bytes after it).
+        return jpeg(data) if data.endswith(_END_OF_IMAGE) else None
+
+    return read
+
+
+JpegReader = Callable[[], "np.ndarray | None"]
+
+
+def _decode_opened(
+    img: Image.Image, *, target_size: tuple[int, int] | None, max_pixels: int, jpeg: JpegReader | None = None
+) -> DecodedImage:
     raw_w, raw_h = img.size
     if raw_w <= 0 or raw_h <= 0:
         raise ImageUnreadable(f"invalid image size {raw_w}x{raw_h}")
@@ -107,6 +137,12 @@ def _decode_opened(img: Image.Image, *, target_size: tuple[int, int] | None, max
     orientation = _orientation(img)
     transposed = orientation in _TRANSPOSING_ORIENTATIONS
     width, height = (raw_h, raw_w) if transposed else (raw_w, raw_h)
+    if jpeg is not None and target_size is None and _whole_rgb_jpeg(img):
+        pixels = jpeg()
+        if pixels is not None and pixels.shape == (raw_h, raw_w, 3):
+            return DecodedImage(
+                image=orient(pixels, orientation), width=width, height=height, scale_x=1.0, scale_y=1.0
+            )
     try:
         if target_size is not None and img.format == "JPEG":
             target_h, target_w = target_size
@@ -124,6 +160,11 @@ def _decode_opened(img: Image.Image, *, target_size: tuple[int, int] | None, max
         raise ImageUnreadable(f"cannot decode image (corrupt or truncated): {exc}") from exc
     dec_w, dec_h = rgb.size
     return DecodedImage(image=rgb, width=width, height=height, scale_x=width / dec_w, scale_y=height / dec_h)
+
+
+def _whole_rgb_jpeg(img: Image.Image) -> bool:
+    """An 8-bit JPEG that Pillow decodes to RGB (YCbCr or RGB; not CMYK, grey, 12-bit nor MPO)."""
+    return img.format == "JPEG" and img.mode == "RGB" and getattr(img, "bits", 8) == 8
 
 
 def _reduce_toward(img: Image.Image, target_size: tuple[int, int]) -> Image.Image:

@@ -14,6 +14,7 @@ from db.images_repo import ImageResult, PendingImage
 from detq.vocabulary import ImageStatus
 from worker.decode import DecodedImage, Geometry, ImageRejected, ImageUnreadable, decode_image
 from worker.inference import InferenceOutcome, run_model
+from worker.jpeg import exact_jpeg_decoder
 from worker.models.formats import ModelInput
 from worker.models.loading import LoadedModel
 from worker.paths import PathRejected, open_confined
@@ -37,6 +38,7 @@ def prepare_image(
                 target_size=model.decode_target if settings.fast_decode else None,
                 max_pixels=settings.max_image_pixels,
                 max_bytes=settings.max_file_bytes,
+                jpeg=exact_jpeg_decoder(),
             )
     except SoftTimeLimitExceeded:
         raise  # the batch's time is up: never one image's decode error

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
-from PIL import Image
 
 from worker.models.formats import ModelInput, to_source_pixels
 from worker.models.loading import LoadedModel
 from worker.models.outputs import RawDetections
+from worker.models.tensors import Pixels
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class InferenceOutcome:
     infer_ms: float
 
 
-def forward_images(model: LoadedModel, images: Sequence[Image.Image]) -> list[RawDetections]:
+def forward_images(model: LoadedModel, images: Sequence[Pixels]) -> list[RawDetections]:
     """One forward over decoded images (each shrunk to the model's input first)."""
     return forward_inputs(model, [model.adapter.shrink(image) for image in images])
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from tests.support import write_jpeg
-from worker.decode import ImageRejected, ImageUnreadable, decode_image
+from worker.decode import Geometry, ImageRejected, ImageUnreadable, decode_image
+from worker.jpeg import exact_jpeg_decoder
 
 LIMITS = {"max_pixels": 50_000_000, "max_bytes": 50_000_000}
 
@@ -121,3 +123,44 @@ def test_an_extreme_aspect_ratio_is_rejected_on_its_header(tmp_path: Path) -> No
     wide = tmp_path / "pano.png"
     Image.new("RGB", (1000, 100), (1, 2, 3)).save(wide)
     assert decode_image(wide, target_size=None, **LIMITS).width == 1000
+
+
+def test_whole_jpegs_decoded_by_opencv_are_pillows_pixels_turned(tmp_path: Path) -> None:
+    # Given a photo-like JPEG shown rotated (EXIF 6), decoded from a path and from an open file
+    rng = np.random.default_rng(1)
+    pixels = np.clip(rng.integers(0, 90, (300, 400, 3)) + np.arange(400)[None, :, None] // 3, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(pixels.astype(np.uint8)).save(path, "JPEG", quality=88, exif=exif.tobytes())
+    pillow = decode_image(path, target_size=None, **LIMITS)
+    by_path = decode_image(path, target_size=None, jpeg=exact_jpeg_decoder(), **LIMITS)
+    with path.open("rb") as handle:
+        by_handle = decode_image(handle, target_size=None, jpeg=exact_jpeg_decoder(), **LIMITS)
+    # Then OpenCV's pixels come as an array, equal to Pillow's, with the same geometry
+    for decoded in (by_path, by_handle):
+        assert isinstance(decoded.image, np.ndarray)
+        assert np.array_equal(decoded.image, np.asarray(pillow.image))
+        assert decoded.geometry() == pillow.geometry() == Geometry(300, 400, 1.0, 1.0)
+
+
+def test_a_jpeg_cut_short_fails_as_pillow_says_whatever_the_decoder(tmp_path: Path) -> None:
+    full = write_jpeg(tmp_path / "full.jpg", (640, 480)).read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(full[: len(full) // 3])
+    (tmp_path / "no_end.jpg").write_bytes(full[:-2])
+    for name in ("cut.jpg", "no_end.jpg"):
+        with pytest.raises(ImageUnreadable, match="truncated"):
+            decode_image(tmp_path / name, target_size=None, jpeg=exact_jpeg_decoder(), **LIMITS)
+
+
+def test_jpegs_opencv_is_not_used_for_go_to_pillow(tmp_path: Path) -> None:
+    # Given a grey JPEG, a CMYK one and one with bytes after its end marker
+    Image.new("L", (64, 48), 77).save(tmp_path / "grey.jpg", "JPEG")
+    Image.new("CMYK", (64, 48), (10, 200, 30, 5)).save(tmp_path / "cmyk.jpg", "JPEG")
+    tail = write_jpeg(tmp_path / "tail.jpg", (64, 48))
+    tail.write_bytes(tail.read_bytes() + b"\0" * 16)
+    for name in ("grey.jpg", "cmyk.jpg", "tail.jpg"):
+        decoded = decode_image(tmp_path / name, target_size=None, jpeg=exact_jpeg_decoder(), **LIMITS)
+        # Then Pillow decodes them to RGB as before
+        assert isinstance(decoded.image, Image.Image) and decoded.image.mode == "RGB"
+        assert decoded.image.size == (64, 48)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from db.images_repo import PendingImage
 from detq.vocabulary import ImageStatus
@@ -19,6 +19,7 @@ from worker.detect import Ready, detect_images, prepare_image, ready
 from worker.models.formats import FormatAdapter, ModelInput
 from worker.models.loading import load_model_for_device
 from worker.models.outputs import RawDetections
+from worker.models.tensors import Pixels, size_of
 from worker.runtime import WorkerRuntime
 
 
@@ -36,9 +37,11 @@ def test_jpegs_are_decoded_in_full_unless_fast_decode_is_set(
     )
     # When the worker prepares it
     prepared = prepare_image(worker, model, image, [str(tmp_path)])
-    # Then it is decoded whole by default, at a reduced DCT scale with fast decode; the original size is kept
+    # Then it is decoded whole by default (by OpenCV, to an array), at a reduced DCT scale with fast decode
+    # (by Pillow); the original size is kept
     assert isinstance(prepared, DecodedImage)
-    assert prepared.image.size == decoded_size
+    assert size_of(prepared.image) == decoded_size
+    assert isinstance(prepared.image, np.ndarray) is not fast
     assert (prepared.width, prepared.height) == (2560, 1920)
     assert prepared.scale_x == pytest.approx(2560 / decoded_size[0])
 
@@ -53,8 +56,8 @@ class _RefusesWide:
     def name(self) -> str:
         return self.inner.name
 
-    def shrink(self, image: Image.Image) -> ModelInput:
-        if image.width > 1000:
+    def shrink(self, image: Pixels) -> ModelInput:
+        if size_of(image)[0] > 1000:
             raise ValueError("too wide to resize")
         return self.inner.shrink(image)
 

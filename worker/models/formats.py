@@ -8,13 +8,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from PIL import Image
 
 from detq.vocabulary import ModelFormat
 from worker.models.letterbox import IDENTITY, InputTransform, images_to_batch, letterbox_image, stretch_image
 from worker.models.metadata import ModelMeta
 from worker.models.outputs import ModelOutputError, RawDetections, parse_torchvision_output
-from worker.models.tensors import to_tensor
+from worker.models.tensors import Pixels, to_tensor
 from worker.models.yolo import decode_final_boxes, decode_yolov5, decode_yolov8, yolo_tensor
 
 
@@ -34,7 +33,7 @@ class FormatAdapter(Protocol):
         """The format's name."""
         ...
 
-    def shrink(self, image: Image.Image) -> ModelInput:
+    def shrink(self, image: Pixels) -> ModelInput:
         """One decoded image at the model's input size, where the format has one: done per image, right
         after its decode, the full-size buffers of a large photo are reused by the next image instead of a
         micro-batch of them living at once."""
@@ -55,7 +54,7 @@ class TorchvisionAdapter:
 
     name: str = ModelFormat.TORCHVISION
 
-    def shrink(self, image: Image.Image) -> ModelInput:
+    def shrink(self, image: Pixels) -> ModelInput:
         return ModelInput(image, IDENTITY)  # the model resizes it itself
 
     def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
@@ -72,7 +71,7 @@ class FixedInputAdapter:
     name: str
     meta: ModelMeta
 
-    def shrink(self, image: Image.Image) -> ModelInput:
+    def shrink(self, image: Pixels) -> ModelInput:
         height, width = self.meta.fixed_input_size()
         resize = letterbox_image if self.meta.letterbox else stretch_image
         return ModelInput(*resize(image, width, height))

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 import torch
-from PIL import Image
 
-from worker.models.tensors import CPU, pixels_on
+from worker.models.tensors import CPU, Pixels, pixels_on, rgb_array, size_of
 
 
 @dataclass(frozen=True)
@@ -53,10 +52,6 @@ def letterbox_transform(
     return transform, (new_w, new_h), (left, top)
 
 
-def _rgb_array(img: Image.Image) -> np.ndarray:
-    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
-
-
 def _resize(pixels: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
     # OpenCV's INTER_LINEAR, as Ultralytics' LetterBox: it does not smooth when it shrinks, Pillow's
     # BILINEAR does, and the two give different boxes on a downscaled photo.
@@ -66,12 +61,12 @@ def _resize(pixels: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
 
 
 def letterbox_image(
-    img: Image.Image, dst_w: int, dst_h: int, fill: int = 114
+    img: Pixels, dst_w: int, dst_h: int, fill: int = 114
 ) -> tuple[np.ndarray, InputTransform]:
     """Resize keeping the aspect ratio and pad to dst_w x dst_h with grey `fill`, centred, exactly as
     Ultralytics' predict does: HxWx3 uint8 RGB."""
-    transform, (new_w, new_h), (left, top) = letterbox_transform(img.width, img.height, dst_w, dst_h)
-    resized = _resize(_rgb_array(img), new_w, new_h)
+    transform, (new_w, new_h), (left, top) = letterbox_transform(*size_of(img), dst_w, dst_h)
+    resized = _resize(rgb_array(img), new_w, new_h)
     right, bottom = dst_w - new_w - left, dst_h - new_h - top
     canvas = cv2.copyMakeBorder(
         resized, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(fill, fill, fill)
@@ -79,12 +74,13 @@ def letterbox_image(
     return canvas, transform
 
 
-def stretch_image(img: Image.Image, dst_w: int, dst_h: int) -> tuple[np.ndarray, InputTransform]:
+def stretch_image(img: Pixels, dst_w: int, dst_h: int) -> tuple[np.ndarray, InputTransform]:
     """Resize to dst_w x dst_h ignoring the aspect ratio: HxWx3 uint8 RGB."""
-    if min(img.width, img.height, dst_w, dst_h) <= 0:
-        raise ValueError(f"sizes must be positive, got {img.width}x{img.height} into {dst_w}x{dst_h}")
-    resized = _resize(_rgb_array(img), dst_w, dst_h)
-    transform = InputTransform(scale_x=dst_w / img.width, scale_y=dst_h / img.height, pad_x=0.0, pad_y=0.0)
+    width, height = size_of(img)
+    if min(width, height, dst_w, dst_h) <= 0:
+        raise ValueError(f"sizes must be positive, got {width}x{height} into {dst_w}x{dst_h}")
+    resized = _resize(rgb_array(img), dst_w, dst_h)
+    transform = InputTransform(scale_x=dst_w / width, scale_y=dst_h / height, pad_x=0.0, pad_y=0.0)
     return resized, transform
 
 

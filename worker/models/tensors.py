@@ -10,6 +10,9 @@ from PIL import Image
 
 CPU = torch.device("cpu")
 
+# A decoded image: a Pillow image, or H x W x 3 uint8 RGB pixels (worker.decode's OpenCV JPEG path).
+Pixels = Image.Image | np.ndarray
+
 # Pillow's pixels come as a read-only array, and torch warns (once) that a tensor over it could write it.
 # Ours are only read: the float conversion makes the tensor the model gets. Filtered here, once, rather
 # than with catch_warnings on every image, which is not safe beside the decode threads.
@@ -25,7 +28,21 @@ def pixels_on(array: np.ndarray, device: torch.device = CPU) -> torch.Tensor:
     return tensor.to(device)
 
 
-def to_tensor(image: Image.Image, device: torch.device = CPU) -> torch.Tensor:
-    """RGB PIL image to a CHW float tensor in [0, 1] on device."""
-    pixels = pixels_on(np.asarray(image, dtype=np.uint8), device)
+def size_of(image: Pixels) -> tuple[int, int]:
+    """(width, height) of a decoded image."""
+    if isinstance(image, np.ndarray):
+        return int(image.shape[1]), int(image.shape[0])
+    return image.size
+
+
+def rgb_array(image: Pixels) -> np.ndarray:
+    """H x W x 3 uint8 RGB pixels of a decoded image (an array as it is; a Pillow image copied out)."""
+    if isinstance(image, np.ndarray):
+        return image
+    return np.asarray(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
+
+
+def to_tensor(image: Pixels, device: torch.device = CPU) -> torch.Tensor:
+    """An RGB image (Pillow, or H x W x 3 uint8) to a CHW float tensor in [0, 1] on device."""
+    pixels = pixels_on(rgb_array(image), device)
     return pixels.permute(2, 0, 1).float().div_(255.0)
