@@ -67,6 +67,7 @@ class PoolBootstrap:
             from billiard.process import current_process
             from PIL import Image
 
+            from worker.jpeg import exact_jpeg_decoder
             from worker.runtime import WorkerRuntime, load_configured
 
             if not keep_large_buffers():
@@ -111,18 +112,20 @@ class PoolBootstrap:
                 runtime.metrics = ProcessMetrics()
                 runtime.metrics.model_load.observe((model.load_ms + model.warmup_ms) / 1000)
             self.task.runtime = runtime
+            jpegs = "OpenCV" if exact_jpeg_decoder() is not None else "Pillow"  # probed here, not in a batch
             # Everything so far (torch, the model, Celery) lives as long as the process. Out of the
             # collector's sight, the first batch no longer pays a full collection of some 400,000 objects
             # (0.2 s here), nor does any later collection that reaches the oldest generation.
             gc.freeze()
             log.info(
-                "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads"
-                " (%d long-lived objects frozen for the garbage collector)",
+                "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads, JPEGs"
+                " decoded by %s (%d long-lived objects frozen for the garbage collector)",
                 index,
                 os.getpid(),
                 device,
                 self.threads,
                 self.decode_threads,
+                jpegs,
                 gc.get_freeze_count(),
             )
         except Exception as exc:  # noqa: BLE001 - any start-up failure must stop the whole worker

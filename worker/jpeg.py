@@ -71,8 +71,8 @@ def _probe_jpegs() -> list[bytes]:
 
 @lru_cache(maxsize=1)
 def exact_jpeg_decoder() -> RgbDecoder | None:
-    """OpenCV's JPEG decoder where it gives Pillow's pixels on every probe (both bundle libjpeg-turbo, whose
-    decode is bit-exact across versions); None, with a warning, where this process's builds differ."""
+    """OpenCV's JPEG decoder where it gives Pillow's pixels on every probe (both bundle libjpeg-turbo and
+    decode with its defaults); None, with a warning, where this process's builds differ."""
     for index, data in enumerate(_probe_jpegs()):
         with Image.open(io.BytesIO(data)) as img:
             expected = np.asarray(img.convert("RGB"))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+from worker import jpeg as jpeg_module
 from worker.jpeg import exact_jpeg_decoder, opencv_rgb, orient
 
 
@@ -66,3 +67,21 @@ def test_orient_turns_pixels_as_pillows_exif_transpose(orientation: int) -> None
     turned = orient(pixels, orientation)
     assert turned.shape == expected.shape and turned.flags["C_CONTIGUOUS"]
     assert np.array_equal(turned, expected)
+
+
+def test_a_build_whose_pixels_differ_leaves_jpegs_to_pillow(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an OpenCV whose decode is one grey level off Pillow's
+    def off_by_one(data: bytes) -> np.ndarray | None:
+        pixels = opencv_rgb(data)
+        return None if pixels is None else pixels ^ 1
+
+    monkeypatch.setattr(jpeg_module, "opencv_rgb", off_by_one)
+    jpeg_module.exact_jpeg_decoder.cache_clear()
+    try:
+        # Then the probes find it out: no OpenCV decoder, and a warning says Pillow decodes the JPEGs
+        assert jpeg_module.exact_jpeg_decoder() is None
+        assert "JPEGs are decoded by Pillow" in caplog.text
+    finally:
+        jpeg_module.exact_jpeg_decoder.cache_clear()
