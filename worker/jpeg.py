@@ -40,13 +40,13 @@ def opencv_rgb(data: bytes) -> np.ndarray | None:
     flags = cv2.IMREAD_IGNORE_ORIENTATION
     as_rgb = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.11 decodes to RGB itself
     buffer = np.frombuffer(data, dtype=np.uint8)
-    if as_rgb is not None:
-        pixels = cv2.imdecode(buffer, flags | as_rgb)
-        return pixels if pixels is not None and pixels.ndim == 3 else None
-    pixels = cv2.imdecode(buffer, flags | cv2.IMREAD_COLOR)
+    try:
+        pixels = cv2.imdecode(buffer, flags | (as_rgb if as_rgb is not None else cv2.IMREAD_COLOR))
+    except cv2.error:  # over OpenCV's own size limits, say: Pillow decides
+        return None
     if pixels is None or pixels.ndim != 3:
         return None
-    return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+    return pixels if as_rgb is not None else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
 
 
 def _probe_jpegs() -> list[bytes]:

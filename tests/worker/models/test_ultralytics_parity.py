@@ -15,6 +15,7 @@ import torch
 
 from worker.decode import decode_image
 from worker.inference import forward_images
+from worker.jpeg import exact_jpeg_decoder
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.rows import decoded_rows
 
@@ -53,7 +54,9 @@ def ordered(detections: list[Detection]) -> list[Detection]:
 
 
 def detq_detections(model: LoadedModel, photo: Path) -> list[Detection]:
-    decoded = decode_image(photo, target_size=None, max_pixels=10**8, max_bytes=10**8)  # the default decode
+    # The worker's default decode: whole JPEGs by OpenCV (checked here against Ultralytics' own cv2.imread)
+    jpeg = exact_jpeg_decoder()
+    decoded = decode_image(photo, target_size=None, max_pixels=10**8, max_bytes=10**8, jpeg=jpeg)
     (raw,) = forward_images(model, [decoded.image])
     rows = decoded_rows(raw, decoded, model.meta)
     return ordered([(r.score, r.label_id, (r.x1, r.y1, r.x2, r.y2)) for r in rows])
