@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -80,17 +79,16 @@ def _switch_to_wal(cursor: Any) -> None:
     holds the write lock, or two processes switch the same fresh file at once, SQLite answers "database is
     locked" at once rather than call the busy handler (waiting could deadlock), so the wait is done here.
     """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    pause = 0.002
-    while True:
-        try:
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+    for attempt in Retrying(
+        retry=retry_if_exception(is_transient_error),
+        wait=wait_exponential(multiplier=0.002, max=0.05),
+        stop=stop_after_delay(SQLITE_BUSY_TIMEOUT_MS / 1000),
+        reraise=True,
+    ):
+        with attempt:
             cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as error:
-            if not _classify_driver_error(error) or time.monotonic() + pause > deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
 
 
 def _on_sqlite_begin(conn: Connection) -> None:

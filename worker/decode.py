@@ -95,21 +95,24 @@ def decode_image(
     except OSError as exc:
         raise ImageUnreadable(f"cannot open image: {exc}") from exc
     try:
-        return _decode_opened(img, target_size=target_size, max_pixels=max_pixels, jpeg=_reader(jpeg, source))
+        whole = _reader(jpeg, source, size)
+        return _decode_opened(img, target_size=target_size, max_pixels=max_pixels, jpeg=whole)
     finally:
         img.close()
 
 
-def _reader(jpeg: RgbDecoder | None, source: Path | BinaryIO) -> JpegReader | None:
-    """How to decode the whole file with `jpeg`, reading it from the start: a path, or an open file."""
+def _reader(jpeg: RgbDecoder | None, source: Path | BinaryIO, size: int) -> JpegReader | None:
+    """How to decode the whole file with `jpeg`: its `size` bytes (checked against the limit), from the
+    start of a path or of an open file."""
     if jpeg is None:
         return None
 
     def read() -> np.ndarray | None:
         if isinstance(source, Path):
-            data = source.read_bytes()
+            with source.open("rb") as handle:
+                data = handle.read(size)
         else:
-            data = os.pread(source.fileno(), os.fstat(source.fileno()).st_size, 0)
+            data = os.pread(source.fileno(), size, 0)
         # Pillow fails a file cut short ("image file is truncated") where libjpeg fills in grey: one
         # whose last bytes are not its end marker goes to Pillow (as does one with bytes after it).
         return jpeg(data) if data.endswith(_END_OF_IMAGE) else None
