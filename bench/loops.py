@@ -6,18 +6,21 @@ import multiprocessing
 import os
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.synchronize import Barrier
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from detq.settings import get_settings
 from worker.allocator import keep_large_buffers
-from worker.decode import decode_image
-from worker.inference import forward_images, forward_inputs
+from worker.decode import Geometry, decode_image
+from worker.inference import forward_batches, forward_images, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
+from worker.models.formats import ModelInput
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.rows import decoded_rows, to_detection_rows
 
@@ -45,17 +48,25 @@ def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
 
 
 def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, fast: bool) -> None:
-    """As a pool process: each photo decoded and shrunk to the model's input, then micro-batches."""
+    """As a pool process: each photo decoded and shrunk to the model's input, in forwards as the worker
+    gathers them (worker.inference.forward_batches)."""
     target = model.decode_target if fast else None
     jpeg = exact_jpeg_decoder()
-    for start in range(0, len(photos), micro_batch):
-        shrunk = []
-        for photo in photos[start : start + micro_batch]:
+    cpu_pixels = get_settings().cpu_forward_pixels
+
+    def shrunk() -> Iterator[tuple[Geometry, ModelInput]]:
+        for photo in photos:
             dec = decode_image(photo, target_size=target, max_pixels=MAX_PIX, max_bytes=MAX_BYTES, jpeg=jpeg)
-            shrunk.append((dec.geometry(), model.adapter.shrink(dec.image)))
+            yield dec.geometry(), model.adapter.shrink(dec.image)
             del dec  # its full-size pixels go before the next photo's decode, as in worker.detect
-        for (geometry, _), raw in zip(shrunk, forward_inputs(model, [i for _, i in shrunk]), strict=True):
-            decoded_rows(raw, geometry, model.meta)
+
+    budget = pixel_budget(model, cpu_pixels)
+    for batch in forward_batches(shrunk(), itemgetter(1), micro_batch, budget):
+        outcomes = run_model(model, [i for _, i in batch], micro_batch, cpu_pixels)
+        for (geometry, _), outcome in zip(batch, outcomes, strict=True):
+            if outcome.detections is None:
+                raise RuntimeError(f"the ceiling's forward failed: {outcome.error}")
+            decoded_rows(outcome.detections, geometry, model.meta)
 
 
 def _ceiling_process(

@@ -101,6 +101,14 @@ class Settings:
         16, read=integer(ge=MIN_BATCH_SIZE, le=MAX_BATCH_SIZE), doc="Images per queued task."
     )
     micro_batch: int = setting(8, read=integer(ge=1, le=256), doc="Images per forward pass.")
+    cpu_forward_pixels: int = setting(
+        2_500_000,
+        read=integer(ge=1),
+        doc=(
+            "On a CPU, one forward takes at most this many pixels of model input (one image at least):"
+            " two 1280x960 photos for a torchvision model, a 12 MP photo alone, six 640x640 YOLO inputs."
+        ),
+    )
     score_threshold: float | None = setting(
         None,
         read=optional(number(ge=0.0, le=1.0)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -13,7 +13,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from db.images_repo import ImageResult, PendingImage
 from detq.vocabulary import ImageStatus
 from worker.decode import DecodedImage, Geometry, ImageRejected, ImageUnreadable, decode_image
-from worker.inference import InferenceOutcome, run_model
+from worker.inference import InferenceOutcome, forward_batches, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.formats import ModelInput
 from worker.models.loading import LoadedModel
@@ -85,7 +85,7 @@ def detect_images(
     background while the model runs on the micro-batch already prepared (Pillow and OpenCV release the GIL).
     """
     results: dict[int, ImageResult] = {}
-    chunk: list[tuple[PendingImage, Ready, float]] = []
+    cpu_pixels = runtime.settings.cpu_forward_pixels
 
     def prepare(image: PendingImage) -> tuple[Ready | ImageResult, float]:
         log.debug("detq: pid %d starts image %d: %s", os.getpid(), image.id, image.path)
@@ -94,24 +94,28 @@ def detect_images(
         prepared = decoded if isinstance(decoded, ImageResult) else ready(model, image, decoded)
         return prepared, (time.perf_counter() - began) * 1000
 
-    def flush() -> None:
-        outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk))
+    def decoded() -> Iterator[tuple[PendingImage, Ready, float]]:
+        """The images that decoded, in order; the others' results recorded on the way."""
+        executor = runtime.decode_executor
+        prepared_all = executor.map(prepare, images) if executor is not None else map(prepare, images)
+        for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
+            if isinstance(prepared, ImageResult):
+                results[image.id] = prepared
+            else:
+                yield image, prepared, decode_ms
+
+    batches = forward_batches(
+        decoded(), _model_input, runtime.settings.micro_batch, pixel_budget(model, cpu_pixels)
+    )
+    for chunk in batches:
+        outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
         for (image, done, decode_ms), outcome in zip(chunk, outcomes, strict=True):
             results[image.id] = result_for(image, done.geometry, decode_ms, outcome, model)
-        chunk.clear()
-
-    executor = runtime.decode_executor
-    prepared_all = executor.map(prepare, images) if executor is not None else map(prepare, images)
-    for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
-        if isinstance(prepared, ImageResult):
-            results[image.id] = prepared
-            continue
-        chunk.append((image, prepared, decode_ms))
-        if len(chunk) >= runtime.settings.micro_batch:
-            flush()
-    if chunk:
-        flush()
     return [results[image.id] for image in images]
+
+
+def _model_input(item: tuple[PendingImage, Ready, float]) -> ModelInput:
+    return item[1].model_input
 
 
 def result_for(

@@ -94,3 +94,41 @@ def test_images_reach_the_model_at_its_input_size_and_a_failed_resize_fails_that
     # And the wide one failed alone, saying why
     assert wide.status == ImageStatus.FAILED
     assert wide.reason == "cannot resize image for the model: ValueError: too wide to resize"
+
+
+class _CountsForwards:
+    """A model module that notes how many images each forward took."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.sizes: list[int] = []
+
+    def __call__(self, images: list[torch.Tensor]) -> Any:
+        self.sizes.append(len(images))
+        return self.module(images)
+
+
+def test_a_batch_runs_in_forwards_within_the_cpu_pixel_budget(runtime: WorkerRuntime, tmp_path: Path) -> None:
+    # Given five 200x100 JPEGs, a torchvision-format model (full-size inputs), a micro-batch of 4 and a
+    # budget of two such images per forward
+    for index in range(5):
+        write_jpeg(tmp_path / f"{index}.jpg", (200, 100))
+    counting = _CountsForwards(runtime.default_model.module)
+    model = replace(runtime.default_model, module=counting)
+    worker = replace(runtime, settings=runtime.settings.replace(cpu_forward_pixels=40_000))
+    images = [
+        PendingImage(
+            id=i, job_id=1, path=str(tmp_path / f"{i}.jpg"), root_index=0, status=ImageStatus.PENDING
+        )
+        for i in range(5)
+    ]
+    # When the worker detects on them
+    results = detect_images(worker, model, images, [str(tmp_path)])
+    # Then the model ran forwards of 2, 2 and 1 and every image is done with its box, in order
+    assert counting.sizes == [2, 2, 1]
+    assert [r.image_id for r in results] == [0, 1, 2, 3, 4]
+    assert all(r.status == ImageStatus.DONE and len(r.detections) == 1 for r in results)
+    # And with the default budget the micro-batch (4) bounds them
+    counting.sizes.clear()
+    detect_images(runtime, model, images, [str(tmp_path)])
+    assert counting.sizes == [4, 1]
