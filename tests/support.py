@@ -286,3 +286,15 @@ def letterbox_expectation(
         min(max(out[2], 0), w0),
         min(max(out[3], 0), h0),
     ]
+
+
+class CountsForwards:
+    """Stands in for a loaded model's module: notes how many images each forward took, then runs it."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.sizes: list[int] = []
+
+    def __call__(self, images: list[Any]) -> Any:
+        self.sizes.append(len(images))
+        return self.module(images)

@@ -83,6 +83,8 @@ def detect_images(
 
     Each image is decoded and shrunk to the model's input (ready), with decode threads ahead in the
     background while the model runs on the micro-batch already prepared (Pillow and OpenCV release the GIL).
+    Decoded images go to the model in forwards as soon as one is full (forward_batches: the micro-batch,
+    and on a CPU DETQ_CPU_FORWARD_PIXELS).
     """
     results: dict[int, ImageResult] = {}
     cpu_pixels = runtime.settings.cpu_forward_pixels

@@ -13,7 +13,7 @@ import torch
 
 from db.images_repo import PendingImage
 from detq.vocabulary import ImageStatus
-from tests.support import save_yolov8_like, write_jpeg
+from tests.support import CountsForwards, save_yolov8_like, write_jpeg
 from worker.decode import DecodedImage
 from worker.detect import Ready, detect_images, prepare_image, ready
 from worker.models.formats import FormatAdapter, ModelInput
@@ -96,24 +96,12 @@ def test_images_reach_the_model_at_its_input_size_and_a_failed_resize_fails_that
     assert wide.reason == "cannot resize image for the model: ValueError: too wide to resize"
 
 
-class _CountsForwards:
-    """A model module that notes how many images each forward took."""
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-        self.sizes: list[int] = []
-
-    def __call__(self, images: list[torch.Tensor]) -> Any:
-        self.sizes.append(len(images))
-        return self.module(images)
-
-
 def test_a_batch_runs_in_forwards_within_the_cpu_pixel_budget(runtime: WorkerRuntime, tmp_path: Path) -> None:
     # Given five 200x100 JPEGs, a torchvision-format model (full-size inputs), a micro-batch of 4 and a
     # budget of two such images per forward
     for index in range(5):
         write_jpeg(tmp_path / f"{index}.jpg", (200, 100))
-    counting = _CountsForwards(runtime.default_model.module)
+    counting = CountsForwards(runtime.default_model.module)
     model = replace(runtime.default_model, module=counting)
     worker = replace(runtime, settings=runtime.settings.replace(cpu_forward_pixels=40_000))
     images = [

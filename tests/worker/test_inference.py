@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from tests.support import save_fixed_box_model
+from tests.support import CountsForwards, save_fixed_box_model
 from worker.inference import forward_batches, pixel_budget, run_model
 from worker.models.formats import ModelInput
 from worker.models.letterbox import IDENTITY
@@ -25,21 +24,9 @@ def _same(item: ModelInput) -> ModelInput:
     return item
 
 
-class _Recording:
-    """A model module that notes how many images each forward took."""
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-        self.sizes: list[int] = []
-
-    def __call__(self, images: list[torch.Tensor]) -> Any:
-        self.sizes.append(len(images))
-        return self.module(images)
-
-
-def _recorded(tmp_path: Path) -> tuple[LoadedModel, _Recording]:
+def _recorded(tmp_path: Path) -> tuple[LoadedModel, CountsForwards]:
     loaded = load_model_for_device(save_fixed_box_model(tmp_path / "fixed.pt"), "cpu")
-    recording = _Recording(loaded.module)
+    recording = CountsForwards(loaded.module)
     return replace(loaded, module=recording), recording
 
 
