@@ -12,6 +12,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from db.images_repo import ImageResult, PendingImage
 from detq.vocabulary import ImageStatus
+from worker.ahead import map_ahead
 from worker.decode import DecodedImage, Geometry, ImageRejected, ImageUnreadable, decode_image
 from worker.inference import InferenceOutcome, forward_batches, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
@@ -81,8 +82,9 @@ def detect_images(
 ) -> list[ImageResult]:
     """Results for every image given, good or bad, in input order.
 
-    Each image is decoded and shrunk to the model's input (ready), with decode threads ahead in the
-    background while the model runs on the micro-batch already prepared (Pillow and OpenCV release the GIL).
+    Each image is decoded and shrunk to the model's input (ready), with decode threads (where there are
+    several) a micro-batch ahead in the background while the model runs on the one already prepared
+    (Pillow and OpenCV release the GIL).
     Decoded images go to the model in forwards as soon as one is full (forward_batches: the micro-batch,
     and on a CPU DETQ_CPU_FORWARD_PIXELS).
     """
@@ -99,7 +101,12 @@ def detect_images(
     def decoded() -> Iterator[tuple[PendingImage, Ready, float]]:
         """The images that decoded, in order; the others' results recorded on the way."""
         executor = runtime.decode_executor
-        prepared_all = executor.map(prepare, images) if executor is not None else map(prepare, images)
+        # Decode threads read one forward ahead: the next micro-batch decodes while the model runs this one.
+        prepared_all = (
+            map(prepare, images)
+            if executor is None
+            else map_ahead(executor, prepare, images, runtime.settings.micro_batch)
+        )
         for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
             if isinstance(prepared, ImageResult):
                 results[image.id] = prepared

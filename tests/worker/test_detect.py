@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -120,3 +121,29 @@ def test_a_batch_runs_in_forwards_within_the_cpu_pixel_budget(runtime: WorkerRun
     counting.sizes.clear()
     detect_images(runtime, model, images, [str(tmp_path)])
     assert counting.sizes == [4, 1]
+
+
+def test_decode_threads_give_the_same_results_in_order_as_decoding_inline(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    # Given seven JPEGs and a missing file among them, a micro-batch of 2
+    for index in range(7):
+        write_jpeg(tmp_path / f"{index}.jpg", (160 + 16 * index, 120))
+    names = ["0.jpg", "1.jpg", "gone.jpg", "2.jpg", "3.jpg", "4.jpg", "5.jpg", "6.jpg"]
+    images = [
+        PendingImage(id=i, job_id=1, path=str(tmp_path / name), root_index=0, status=ImageStatus.PENDING)
+        for i, name in enumerate(names)
+    ]
+    inline = replace(runtime, settings=runtime.settings.replace(micro_batch=2))
+    # When a worker decodes them on two threads (read one micro-batch ahead) and one decodes inline
+    with ThreadPoolExecutor(2, thread_name_prefix="decode") as pool:
+        threaded = detect_images(
+            replace(inline, decode_executor=pool), inline.default_model, images, [str(tmp_path)]
+        )
+    expected = detect_images(inline, inline.default_model, images, [str(tmp_path)])
+    # Then both give every image its result in input order: the missing one failed, the others done alike
+    assert [r.image_id for r in threaded] == list(range(8))
+    assert threaded[2].status == ImageStatus.FAILED and threaded[2].reason == "file not found"
+    assert [(r.status, r.width, r.detections) for r in threaded] == [
+        (r.status, r.width, r.detections) for r in expected
+    ]
