@@ -52,20 +52,23 @@ def runners(
 ) -> dict[str, Callable[[], float]]:
     cores = len(os.sched_getaffinity(0))
     extra = {"DETQ_BATCH_SIZE": "8"}
+    warm = deployments.warm_up_folder(photos, folder.with_name(f"{folder.name}-warm-up"), cores)
     found: dict[str, Callable[[], float]] = {
         report.NAIVE: lambda: loops.naive_loop(model, photos),
         report.CEILING: lambda: loops.ceiling(model, photos),
-        "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra),
-        "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(model, folder, work, cores, extra),
+        "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra, warm),
+        "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(
+            model, folder, work, cores, extra, warm
+        ),
         # The two opt-ins that change numbers (docs/models.md#exact-preprocessing): what each buys, and both.
         "detq Redis + PostgreSQL, fast decode": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **FAST_DECODE}
+            model, folder, work, cores, {**extra, **FAST_DECODE}, warm
         ),
         "detq Redis + PostgreSQL, CPU optimize": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **CPU_OPTIMIZE}
+            model, folder, work, cores, {**extra, **CPU_OPTIMIZE}, warm
         ),
         "detq Redis + PostgreSQL, opt-ins": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **OPT_INS}
+            model, folder, work, cores, {**extra, **OPT_INS}, warm
         ),
     }
     if ray:

@@ -75,7 +75,8 @@ def _ceiling_process(
     keep_large_buffers()  # as each pool process does (worker/bootstrap.py)
     torch.set_num_threads(1)
     model = load_model_for_device(model_path, "cpu")
-    _detect_share(model, photos[:micro_batch], micro_batch, fast)  # warm, as a worker is
+    # Warmed on the workload's photos, as detq's workers are by a first job (deployments.warm_up_folder).
+    _detect_share(model, photos[:micro_batch], micro_batch, fast)
     barrier.wait()
     began = time.perf_counter()
     _detect_share(model, photos, micro_batch, fast)
