@@ -91,6 +91,7 @@ class PoolBootstrap:
                     if self.decode_threads > 1
                     else None
                 ),
+                decode_threads=self.decode_threads,
             )
             runtime.heartbeat = Heartbeat(
                 runtime.ledger.sessions,

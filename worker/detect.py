@@ -101,11 +101,11 @@ def detect_images(
     def decoded() -> Iterator[tuple[PendingImage, Ready, float]]:
         """The images that decoded, in order; the others' results recorded on the way."""
         executor = runtime.decode_executor
-        # Decode threads read one forward ahead: the next micro-batch decodes while the model runs this one.
+        # Decode threads read one forward ahead (the next micro-batch decodes while the model runs this
+        # one), and at least one image a thread, so none of them idles for want of work.
+        ahead = max(runtime.settings.micro_batch, runtime.decode_threads)
         prepared_all = (
-            map(prepare, images)
-            if executor is None
-            else map_ahead(executor, prepare, images, runtime.settings.micro_batch)
+            map(prepare, images) if executor is None else map_ahead(executor, prepare, images, ahead)
         )
         for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
             if isinstance(prepared, ImageResult):

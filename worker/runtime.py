@@ -34,6 +34,7 @@ class WorkerRuntime:
     models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
     model_loads: int = 1
     decode_executor: ThreadPoolExecutor | None = None
+    decode_threads: int = 1  # the executor's threads (none below 2)
     worker_id: int = 0  # this process's row in the workers table (0: none, as in unit tests)
     stats: ProcessStats = field(default_factory=ProcessStats)
     heartbeat: Heartbeat | None = None

@@ -138,7 +138,10 @@ def test_decode_threads_give_the_same_results_in_order_as_decoding_inline(
     # When a worker decodes them on two threads (read one micro-batch ahead) and one decodes inline
     with ThreadPoolExecutor(2, thread_name_prefix="decode") as pool:
         threaded = detect_images(
-            replace(inline, decode_executor=pool), inline.default_model, images, [str(tmp_path)]
+            replace(inline, decode_executor=pool, decode_threads=2),
+            inline.default_model,
+            images,
+            [str(tmp_path)],
         )
     expected = detect_images(inline, inline.default_model, images, [str(tmp_path)])
     # Then both give every image its result in input order: the missing one failed, the others done alike
