@@ -20,6 +20,21 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def test_corrupt_folder_ends_in_terminal_states(deployment: Deployment, tmp_path: Path) -> None:
+    _run_corrupt_folder(deployment, tmp_path)
+
+
+def test_decode_threads_reading_ahead_end_every_image_as_inline_decoding_does(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given three decode threads per process and forwards of two (the threads read ahead of the model,
+    # as in a GPU pool), the same folder ends the same way
+    embedded.extra = {"DETQ_DECODE_THREADS": "3", "DETQ_MICRO_BATCH": "2"}
+    log = _run_corrupt_folder(embedded, tmp_path)
+    assert log.count("intra-op and 3 decode threads") == 2  # each pool process had them
+
+
+def _run_corrupt_folder(deployment: Deployment, tmp_path: Path) -> str:
+    """Run a job over the corrupt folder, check every file's terminal state; the worker's log."""
     # Given a model that boxes the middle half of whatever it sees, decoding near 64x64 (JPEG draft)
     deployment.model = save_fixed_box_model(
         tmp_path / "fixed.pt", classes=("bg", "thing"), input_size=[64, 64]
@@ -27,10 +42,11 @@ def test_corrupt_folder_ends_in_terminal_states(deployment: Deployment, tmp_path
     folder = tmp_path / "inputs"
     expected = write_corrupt_folder(folder, tmp_path / "outside")
     before = _digests(folder)
-    with running_worker(deployment, concurrency=2):
+    with running_worker(deployment, concurrency=2) as worker:
         status = deployment.run_json(
             "enqueue", str(folder), "--batch-size", "8", "--wait", "--timeout", "120", codes=(4,)
         )
+        log = worker.log()
     assert status["state"] == "finished"
     lines = deployment.run("export", str(status["job_id"]), "--format", "jsonl").stdout.splitlines()
     ledger = {Path(row["path"]).name: row for row in map(json.loads, lines)}
@@ -52,3 +68,4 @@ def test_corrupt_folder_ends_in_terminal_states(deployment: Deployment, tmp_path
     assert "outside the job root" in ledger["escape.jpg"]["reason"]
     # And no input was modified
     assert _digests(folder) == before
+    return log
