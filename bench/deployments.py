@@ -49,7 +49,7 @@ def warm_up_folder(photos: Sequence[Path], folder: Path, processes: int, batch_s
 
     On a fresh process the first large photos are slow: its heap grows to hold their float copies, and
     memory new to a process is faulted in at about 3 ms a MB on this virtual machine. A job of 32 12 MP
-    photos ran 1.3 to 1.8x as fast on workers that had run one before (docs/benchmarks.md).
+    photos ran 1.2 to 1.8x as fast on workers that had run one before (docs/benchmarks.md).
     """
     folder.mkdir(parents=True, exist_ok=True)
     for photo in photos[: 2 * processes * batch_size]:
