@@ -53,23 +53,20 @@ def runners(
     cores = len(os.sched_getaffinity(0))
     extra = {"DETQ_BATCH_SIZE": "8"}
     warm = deployments.warm_up_folder(photos, folder.with_name(f"{folder.name}-warm-up"), cores)
+
+    def scaled_out(settings: dict[str, str]) -> Callable[[], float]:
+        env = {**extra, **settings}
+        return lambda: deployments.detq_redis_postgres(model, folder, work, cores, env, warm)
+
     found: dict[str, Callable[[], float]] = {
         report.NAIVE: lambda: loops.naive_loop(model, photos),
         report.CEILING: lambda: loops.ceiling(model, photos),
         "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra, warm),
-        "detq Redis + PostgreSQL": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, extra, warm
-        ),
+        "detq Redis + PostgreSQL": scaled_out({}),
         # The two opt-ins that change numbers (docs/models.md#exact-preprocessing): what each buys, and both.
-        "detq Redis + PostgreSQL, fast decode": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **FAST_DECODE}, warm
-        ),
-        "detq Redis + PostgreSQL, CPU optimize": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **CPU_OPTIMIZE}, warm
-        ),
-        "detq Redis + PostgreSQL, opt-ins": lambda: deployments.detq_redis_postgres(
-            model, folder, work, cores, {**extra, **OPT_INS}, warm
-        ),
+        "detq Redis + PostgreSQL, fast decode": scaled_out(FAST_DECODE),
+        "detq Redis + PostgreSQL, CPU optimize": scaled_out(CPU_OPTIMIZE),
+        "detq Redis + PostgreSQL, opt-ins": scaled_out(OPT_INS),
     }
     if ray:
         found[report.RAY] = lambda: ray_data.ray_data(model, photos)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from itertools import islice
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -22,15 +23,11 @@ def map_ahead(executor: Executor, fn: Callable[[T], R], items: Iterable[T], ahea
     pending: deque[Future[R]] = deque()
     source = iter(items)
     try:
-        for item in source:
-            pending.append(executor.submit(fn, item))
-            if len(pending) >= max(1, ahead):
-                break
+        pending.extend(executor.submit(fn, item) for item in islice(source, max(1, ahead)))
         while pending:
             result = pending.popleft().result()
-            for item in source:  # one more in flight before this result is handed over
-                pending.append(executor.submit(fn, item))
-                break
+            # One more in flight before this result is handed over.
+            pending.extend(executor.submit(fn, item) for item in islice(source, 1))
             yield result
     finally:
         for future in pending:
