@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session
 
+from db.bulk import insert_rows, next_ids
 from db.models import Batch, Image, Job
 from detq.vocabulary import ImageStatus
 
@@ -27,18 +29,23 @@ class OpenBatch:
 
 
 def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: datetime) -> list[int]:
-    """One row per batch of these sizes; their ids, in the order of sizes.
+    """One row per batch of these sizes; their ids, ascending in the order of sizes (the order they are
+    sent in).
 
-    New batches of one size are interchangeable, so each size is one multi-row INSERT ... RETURNING in any
-    order (an ordered RETURNING makes SQLite insert row by row). Sizes are inserted in the order they first
-    appear, so where each size's batches are contiguous (full ones, then a job's tapered tail) the ids
-    ascend in the order of sizes, the order they are sent in.
+    The ids are taken first (next_ids) and the rows written in one bulk write (COPY on PostgreSQL): an
+    INSERT ... RETURNING of a chunk's 125 batches took 11 ms of an enqueue's main thread on PostgreSQL.
     """
-    fresh: dict[int, list[int]] = {}
-    for size in dict.fromkeys(sizes):
-        rows = [{"job_id": job_id, "size": size, "created_at": now, "sends": 0} for s in sizes if s == size]
-        fresh[size] = sorted(session.scalars(insert(Batch).returning(Batch.id), rows), reverse=True)
-    return [fresh[size].pop() for size in sizes]
+    if not sizes:
+        return []
+    table = cast(Table, Batch.__table__)
+    ids = next_ids(session, table, len(sizes))
+    insert_rows(
+        session,
+        table,
+        ("id", "job_id", "size", "created_at", "sends"),
+        [(batch_id, job_id, size, now, 0) for batch_id, size in zip(ids, sizes, strict=True)],
+    )
+    return ids
 
 
 def mark_sent(session: Session, batch_ids: Sequence[int], now: datetime) -> None:

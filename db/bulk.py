@@ -122,11 +122,18 @@ def next_ids(session: Session, table: Table, count: int) -> list[int]:
     connection = session.connection()
     (key,) = table.primary_key.columns
     if connection.dialect.name == "postgresql":
+        # One row holding an array: the driver converts it in C, where a row per id went through
+        # SQLAlchemy's result one fetch at a time. The sequence is looked up once, in FROM: as nextval's
+        # argument pg_get_serial_sequence ran once an id (2,000 ids: 7 to 10 ms against 1 to 2).
         found = connection.execute(
-            text("SELECT nextval(pg_get_serial_sequence(:table, :column)) FROM generate_series(1, :n)"),
+            text(
+                "SELECT array_agg(nextval(s.seq))"
+                " FROM CAST(pg_get_serial_sequence(:table, :column) AS regclass) AS s(seq),"
+                " generate_series(1, :n)"
+            ),
             {"table": table.name, "column": key.name, "n": count},
-        ).scalars()
-        return sorted(int(i) for i in found)
+        ).scalar_one()
+        return sorted(found)
     if connection.dialect.name != "sqlite":
         raise NotImplementedError(f"next_ids supports PostgreSQL and SQLite, not {connection.dialect.name}")
     largest = connection.execute(select(func.max(key))).scalar_one_or_none() or 0

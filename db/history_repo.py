@@ -23,7 +23,7 @@ class PastOutcome:
 
 
 def past_outcomes(session: Session, model_id: int, paths: Sequence[str]) -> dict[str, list[PastOutcome]]:
-    """Every earlier image row of these paths in jobs of this model: one query on ix_images_path."""
+    """Every earlier image row of these paths in jobs of this model: one query on uq_images_path_job."""
     if not paths:
         return {}
     found: dict[str, list[PastOutcome]] = defaultdict(list)

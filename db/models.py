@@ -96,10 +96,10 @@ class Image(Base):
 
     __tablename__ = "images"
     __table_args__ = (
-        UniqueConstraint("job_id", "path", name="uq_images_job_path"),
+        # A job holds a file once; led by the path, the same index finds a file's earlier outcomes for
+        # incremental scans (producer/incremental.py), so no second index on path is kept (migration 0006).
+        UniqueConstraint("path", "job_id", name="uq_images_path_job"),
         Index("ix_images_job_status", "job_id", "status"),
-        # Incremental scans look up a file's earlier outcomes by path (producer/incremental.py).
-        Index("ix_images_path", "path"),
         Index("ix_images_batch", "batch_id"),
     )
 

@@ -26,7 +26,7 @@ from db.models import Base
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0005"
+HEAD = "0006"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,6 +39,19 @@ def schema_differences(url: str) -> list[Any]:
             return list(compare_metadata(context, Base.metadata))
     finally:
         engine.dispose()
+
+
+def _differences_of(url: str, table: str) -> list[Any]:
+    """The schema differences (autogenerate's tuples) that concern one table."""
+
+    def concerns(diff: Any) -> bool:
+        if isinstance(diff, list):  # a column's modifications: (op, schema, table, column, ...) each
+            return any(step[2] == table for step in diff)
+        thing = diff[1]
+        found = getattr(thing, "table", None)
+        return getattr(found, "name", getattr(thing, "name", None)) == table
+
+    return [diff for diff in schema_differences(url) if concerns(diff)]
 
 
 def table_names(url: str) -> set[str]:
@@ -238,7 +251,7 @@ def test_0005_keys_detections_by_image_model_rank_and_keeps_their_rows(database_
         assert key == ["image_id", "model_id", "rank"]
         assert "id" not in columns
         assert _detection_rows(engine) == before
-        assert schema_differences(database_url) == []
+        assert _differences_of(database_url, "detections") == []  # later revisions change other tables
         # And a second box of the same rank of the same image and model is refused by the key
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(
@@ -261,5 +274,57 @@ def test_0005_keys_detections_by_image_model_rank_and_keeps_their_rows(database_
         _ledger_with_detections(engine, "0004", boxes=1)
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT COUNT(DISTINCT id) FROM detections")).scalar() == 4
+    finally:
+        engine.dispose()
+
+
+def _image_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        query = "SELECT id, job_id, path, status FROM images ORDER BY id"
+        return [tuple(row) for row in conn.execute(sa.text(query))]
+
+
+def _unique_and_indexes(engine: sa.Engine) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    inspector = sa.inspect(engine)
+    uniques = {str(u["name"]): list(u["column_names"]) for u in inspector.get_unique_constraints("images")}
+    indexes = {
+        str(i["name"]): [str(c) for c in i["column_names"]]
+        for i in inspector.get_indexes("images")
+        if not i.get("duplicates_constraint")  # PostgreSQL lists a constraint's own index again
+    }
+    return uniques, indexes
+
+
+def test_0006_makes_images_unique_by_path_then_job_and_keeps_their_rows(database_url: str) -> None:
+    # Given a ledger at 0005 with an image
+    engine = make_engine(database_url)
+    try:
+        _ledger_with_detections(engine, "0005", boxes=1)
+        before = _image_rows(engine)
+        assert len(before) == 1
+        # When it is upgraded to 0006
+        upgrade(engine, "0006")
+        engine.dispose()
+        # Then the rows are as they were; one unique key led by the path, and no separate index on path
+        assert _image_rows(engine) == before
+        uniques, indexes = _unique_and_indexes(engine)
+        assert uniques == {"uq_images_path_job": ["path", "job_id"]}
+        assert "ix_images_path" not in indexes
+        assert schema_differences(database_url) == []
+        # And a job still cannot hold one path twice
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO images (job_id, root_index, path, size_bytes, mtime, status, attempts)"
+                    " SELECT job_id, 0, path, 1, 1.0, 'pending', 0 FROM images"
+                )
+            )
+        # And a downgrade puts the unique (job_id, path) and the index on path back over the same rows
+        command.downgrade(make_config(database_url), "0005")
+        engine.dispose()
+        uniques, indexes = _unique_and_indexes(engine)
+        assert uniques == {"uq_images_job_path": ["job_id", "path"]}
+        assert indexes["ix_images_path"] == ["path"]
+        assert _image_rows(engine) == before
     finally:
         engine.dispose()

@@ -3,6 +3,7 @@ node takes its next message as soon as a slot frees, and a busy one polls fast."
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from time import monotonic
 from typing import Any
 
 import pytest
-from kombu import Connection, Consumer, Queue
+from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
 from detq.celery_app import make_celery_app
@@ -55,6 +56,49 @@ def test_messages_sent_within_a_millisecond_are_taken_in_the_order_they_were_sen
     app.close()
     # Then in the order they were sent
     assert taken == [f"detq-batch-{n}" for n in range(40)]
+
+
+def test_message_names_and_delivery_tags_are_unique_across_channels_and_forked_copies(
+    tmp_path: Path,
+) -> None:
+    # Given one channel that sends three messages, is copied into a forked process that sends three,
+    # and sends three more itself; and a second app's channel that sends three
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
+    apps = [make_celery_app(settings), make_celery_app(settings)]
+    with apps[0].connection_for_write() as connection:
+        producer = Producer(connection.default_channel)
+
+        def send(tag: str) -> None:
+            for n in range(3):
+                producer.publish({"n": n}, routing_key="any", headers={"from": tag}, declare=[Queue("any")])
+
+        send("parent")
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the forked copy; its messages are checked below
+            try:
+                send("child")
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        send("parent again")
+    with apps[1].connection_for_write() as connection:
+        Producer(connection.default_channel).publish(
+            {"n": 0}, routing_key="any", headers={"from": "other app"}, declare=[Queue("any")]
+        )
+    names = [path.name for path in (settings.broker_dir / "queue").glob("*.msg")]
+    # When a consumer takes every message
+    taken: list[Message] = []
+    with apps[0].connection_for_read() as connection:
+        while (message := connection.default_channel.basic_get("any", no_ack=True)) is not None:
+            taken.append(message)
+    for app in apps:
+        app.close()
+    # Then all ten came through, each under a name and a delivery tag of its own
+    assert sorted(m.headers["from"] for m in taken) == sorted(
+        ["parent"] * 3 + ["child"] * 3 + ["parent again"] * 3 + ["other app"]
+    )
+    assert len(set(names)) == len(names) == 10
+    assert len({m.delivery_tag for m in taken}) == 10
 
 
 @dataclass
