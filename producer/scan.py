@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
-# A longer path would not fit PostgreSQL's index on images.path (about 2.7 KB per entry).
+# A longer path would not fit PostgreSQL's unique index led by images.path (about 2.7 KB per entry).
 MAX_PATH_BYTES = 2048
 
 
