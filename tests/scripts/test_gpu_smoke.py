@@ -1,0 +1,43 @@
+"""scripts/gpu_smoke.py rehearsed on the CPU pool: the script itself works end to end before a GPU is lent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"
+
+
+def test_the_gpu_smoke_script_rehearsed_on_cpu_passes_and_reports_every_figure(tmp_path: Path) -> None:
+    # Given the GPU smoke script in its rehearsal mode on the demo model and a dozen shape images
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETQ_")}
+    # When it runs (a worker on the tested pool, then the CPU pool for the reference detections)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--model", "demo", "--images", "12"]
+        + ["--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    # Then it passes, every image done by the one process that loaded the model once
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["rehearsal_on_cpu"] is True
+    assert report["pool"] == "cpu" and report["devices"] == ["cpu"]
+    assert report["images"] == report["done"] == 12
+    assert report["model_loads"] == 1
+    # And its detections match the reference run's, and the figures a GPU run records are all there
+    assert report["detections"] == report["detections_cpu_reference"] > 0
+    assert report["images_per_s"] > 0
+    if shutil.which("nvidia-smi") is None:  # sampled only where the NVIDIA tools are
+        assert report["gpu_busy_percent"] is None and report["busy_samples"] == 0
+    assert "loaded model" in (tmp_path / "out" / "gpu_worker.log").read_text()
