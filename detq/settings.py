@@ -270,9 +270,10 @@ class Settings:
 
     @property
     def resolved_broker_url(self) -> str:
-        """The broker URL, defaulting to the embedded filesystem broker."""
+        """The broker URL, defaulting to the embedded filesystem broker; a rediss:// URL verifies the
+        server's certificate unless it says otherwise (verified_tls)."""
         # kombu warns "No hostname was supplied" for a bare filesystem:// URL; the host part is ignored.
-        return self.broker_url or "filesystem://localhost/"
+        return verified_tls(self.broker_url) if self.broker_url else "filesystem://localhost/"
 
     @property
     def broker_dir(self) -> Path:
@@ -291,6 +292,22 @@ SETTING_NAMES = tuple(spec.name for spec in fields(Settings))
 
 def _variable(name: str) -> str:
     return f"{PREFIX}{name.upper()}"
+
+
+def verified_tls(url: str) -> str:
+    """A rediss:// URL with ssl_cert_reqs=required added where it names no ssl_cert_reqs; others as given.
+
+    Given a bare rediss:// URL, kombu connects without checking the server's certificate (it warns,
+    "defaulting to insecure SSL behaviour"), so anyone on the path could pose as the broker. detq checks it
+    against the system's CAs, or the one named by ssl_ca_certs in the URL; ssl_cert_reqs=none in the URL
+    turns the check off.
+    """
+    if not url.startswith("rediss://"):
+        return url
+    base, _, query = url.partition("?")
+    if any(part.split("=", 1)[0] == "ssl_cert_reqs" for part in query.split("&")):
+        return url
+    return f"{base}?{query}&ssl_cert_reqs=required" if query else f"{base}?ssl_cert_reqs=required"
 
 
 @lru_cache(maxsize=1)

@@ -58,6 +58,48 @@ class ThrowawayRedis:
             self.proc.wait(timeout=30)
 
 
+class ThrowawayTlsRedis(ThrowawayRedis):
+    """redis-server speaking only TLS, its certificate for 127.0.0.1 signed by a CA of its own (ca_file)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        if shutil.which("openssl") is None:
+            service_missing("openssl", FileNotFoundError("openssl not on PATH"))
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.ca_file = folder / "ca.crt"
+        self._make_certificates()
+
+    @property
+    def url(self) -> str:
+        return f"rediss://127.0.0.1:{self.port}/0"
+
+    def _make_certificates(self) -> None:
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=self.folder, check=True, capture_output=True)
+
+        key = ("-newkey", "rsa:2048", "-nodes")
+        openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ca")
+        openssl("req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+        (self.folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+        openssl(
+            "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "san.cnf",
+        )  # fmt: skip
+
+    def start(self) -> None:
+        command = [
+            self.binary,
+            *("--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"),
+            *("--tls-cert-file", str(self.folder / "server.crt")),
+            *("--tls-key-file", str(self.folder / "server.key")),
+            *("--tls-ca-cert-file", str(self.ca_file), "--tls-auth-clients", "no"),
+            *("--save", "", "--appendonly", "no"),
+        ]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_port(self.port)
+
+
 class ThrowawayPostgres:
     """A PostgreSQL cluster in a temporary folder, run as the postgres user on its own port."""
 
