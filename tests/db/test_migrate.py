@@ -310,7 +310,7 @@ def test_0006_makes_images_unique_by_path_then_job_and_keeps_their_rows(database
         uniques, indexes = _unique_and_indexes(engine)
         assert uniques == {"uq_images_path_job": ["path", "job_id"]}
         assert "ix_images_path" not in indexes
-        assert schema_differences(database_url) == []
+        assert _differences_of(database_url, "images") == []
         # And a job still cannot hold one path twice
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
             conn.execute(
