@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from detq.broker_url import verified_tls
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.setting_values import (
     boolean,
@@ -270,8 +271,7 @@ class Settings:
 
     @property
     def resolved_broker_url(self) -> str:
-        """The broker URL, defaulting to the embedded filesystem broker; a rediss:// URL verifies the
-        server's certificate unless it says otherwise (verified_tls)."""
+        """The broker URL (default: the embedded filesystem broker); rediss:// checks certificates."""
         # kombu warns "No hostname was supplied" for a bare filesystem:// URL; the host part is ignored.
         return verified_tls(self.broker_url) if self.broker_url else "filesystem://localhost/"
 
@@ -292,22 +292,6 @@ SETTING_NAMES = tuple(spec.name for spec in fields(Settings))
 
 def _variable(name: str) -> str:
     return f"{PREFIX}{name.upper()}"
-
-
-def verified_tls(url: str) -> str:
-    """A rediss:// URL with ssl_cert_reqs=required added where it names no ssl_cert_reqs; others as given.
-
-    Given a bare rediss:// URL, kombu connects without checking the server's certificate (it warns,
-    "defaulting to insecure SSL behaviour"), so anyone on the path could pose as the broker. detq checks it
-    against the system's CAs, or the one named by ssl_ca_certs in the URL; ssl_cert_reqs=none in the URL
-    turns the check off.
-    """
-    if not url.startswith("rediss://"):
-        return url
-    base, _, query = url.partition("?")
-    if any(part.split("=", 1)[0] == "ssl_cert_reqs" for part in query.split("&")):
-        return url
-    return f"{base}?{query}&ssl_cert_reqs=required" if query else f"{base}?ssl_cert_reqs=required"
 
 
 @lru_cache(maxsize=1)

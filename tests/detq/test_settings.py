@@ -124,22 +124,3 @@ def test_replace_checks_its_values_and_leaves_the_original() -> None:
         settings.replace(broker_polling_interval=0)
     with pytest.raises(TypeError, match="no such settings"):
         settings.replace(no_such=1)
-
-
-@pytest.mark.parametrize(
-    ("given", "resolved"),
-    [
-        ("rediss://cache:6380/0", "rediss://cache:6380/0?ssl_cert_reqs=required"),
-        (
-            "rediss://:pw@cache/0?ssl_ca_certs=/ca.pem",
-            "rediss://:pw@cache/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=required",
-        ),
-        ("rediss://cache/0?ssl_cert_reqs=none", "rediss://cache/0?ssl_cert_reqs=none"),
-        ("redis://cache:6379/0", "redis://cache:6379/0"),
-    ],
-)
-def test_a_rediss_broker_url_verifies_the_server_certificate_unless_it_says_otherwise(
-    given: str, resolved: str
-) -> None:
-    # kombu, given a bare rediss:// URL, would connect without checking the certificate
-    assert Settings(_env_file=None, broker_url=given).resolved_broker_url == resolved
