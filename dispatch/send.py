@@ -72,3 +72,19 @@ def check_broker(app: Celery, timeout_s: int = 5) -> None:
     """Connect to the broker once; kombu's OperationalError (or OSError) says why it cannot be reached."""
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1, timeout=timeout_s)
+
+
+def broker_error_reason(error: BaseException) -> str:
+    """Why the broker cannot be reached, in one line; with the fix where its TLS certificate is refused."""
+    lines = str(error).strip().splitlines()
+    reason = lines[0].rstrip(".") if lines else type(error).__name__
+    if is_certificate_refusal(error):
+        reason += " (a server certificate from a private CA: name the CA with ssl_ca_certs=/path/ca.pem in"
+        reason += " DETQ_BROKER_URL)"
+    return reason
+
+
+def is_certificate_refusal(error: BaseException) -> bool:
+    """Whether the broker was refused because its TLS certificate could not be verified: no retry mends
+    that, where a broker that is down may come back."""
+    return "CERTIFICATE_VERIFY_FAILED" in str(error)

@@ -22,7 +22,7 @@ from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
 from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
 from detq.vocabulary import Pool
-from dispatch.send import check_broker
+from dispatch.send import broker_error_reason, check_broker
 from producer.enqueue_watch import EnqueueWatch
 from producer.fleet import processes_on_queue
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
@@ -127,7 +127,9 @@ def enqueue_folders(
     try:
         check_broker(app)
     except BROKER_ERRORS as exc:
-        raise EnqueueError(f"cannot reach the broker: {_broker_reason(exc)}; nothing was queued") from None
+        raise EnqueueError(
+            f"cannot reach the broker: {broker_error_reason(exc)}; nothing was queued"
+        ) from None
     sha256 = model_sha256 or file_sha256(model_file)
     meta = read_embedded_meta(model_file)
     job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
@@ -190,16 +192,7 @@ def enqueue_folders(
 
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return text[0].rstrip(".") if text else type(error).__name__
-
-
-def _broker_reason(error: BaseException) -> str:
-    """Why the broker cannot be reached, with the fix where the server's TLS certificate is the cause."""
-    reason = _one_line(error)
-    if "CERTIFICATE_VERIFY_FAILED" in reason:
-        reason += " (a server certificate from a private CA: name the CA with ssl_ca_certs=/path/ca.pem in"
-        reason += " DETQ_BROKER_URL)"
-    return reason
+    return text[0] if text else type(error).__name__
 
 
 def check_model_file(model_path: Path) -> Path:

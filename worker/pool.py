@@ -21,6 +21,7 @@ from detq.host import usable_cores
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
+from dispatch.send import broker_error_reason, check_broker, is_certificate_refusal
 from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
 from worker.devices import (
@@ -42,6 +43,18 @@ class WorkerStartupError(DetqError):
     """The pool cannot start here: no model file, no GPU for a GPU pool, or a process failed to start."""
 
     exit_code = EXIT_STARTUP_FAILED
+
+
+def _certificate_refusal(app: Celery, settings: Settings) -> str | None:
+    """Why the broker refused its TLS certificate, if it did: no retry mends that. Any other broker error
+    is left to Celery, which retries until the broker comes."""
+    if settings.is_embedded_broker:
+        return None
+    try:
+        check_broker(app)
+    except Exception as exc:  # noqa: BLE001 - kombu, redis-py and ssl errors alike; only one kind is ours
+        return broker_error_reason(exc) if is_certificate_refusal(exc) else None
+    return None
 
 
 def run_worker(
@@ -81,6 +94,9 @@ def run_worker(
             f"{settings.model} has sha256 {sha256}, but DETQ_MODEL_SHA256 pins {settings.model_sha256}"
         )
     app = make_celery_app(settings)
+    refused = _certificate_refusal(app, settings)
+    if refused is not None:
+        raise WorkerStartupError(f"cannot use the broker: {refused}")
     # Longer than billiard waits before it fails a dead process's job itself, and two heartbeats more;
     # a task no process took yet waits a worker timeout more, for a replacement process to load its model.
     lost_grace = float(app.conf.worker_lost_wait) + 2 * settings.heartbeat_interval_s

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from demo.shapes import write_dataset
-from tests.integration.harness import Deployment, running_worker
+from tests.integration.harness import DETQ, Deployment, running_worker
 from tests.integration.servers import ThrowawayTlsRedis
 
 pytestmark = pytest.mark.integration
@@ -51,3 +52,25 @@ def test_a_bare_rediss_url_checks_the_certificate_and_refuses_a_server_it_cannot
     assert "ssl_ca_certs=" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert deployment.run_json("jobs") == []
+
+
+def test_a_worker_stops_at_start_up_when_the_broker_certificate_is_refused(
+    tls_redis: ThrowawayTlsRedis, tmp_path: Path
+) -> None:
+    # Given a worker whose bare rediss:// URL cannot verify the server (a permanent error, where a
+    # broker that is down is worth waiting for)
+    deployment = Deployment(tmp_path / "data", broker_url=tls_redis.url)
+    # When it starts
+    done = subprocess.run(
+        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
+        env=deployment.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # Then it stops at once with the reason and the fix, instead of retrying for ever
+    assert done.returncode == 3, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("detq worker: cannot use the broker:")
+    assert "certificate verify failed" in line and "ssl_ca_certs=" in line
