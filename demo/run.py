@@ -7,6 +7,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, TextIO
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,20 +29,27 @@ from producer.status import JobStatus, job_status
 ANNOTATED_IMAGES = 6
 
 
-def run_demo(settings: Settings, *, images: int, out_dir: Path, workers: int | None, seed: int) -> int:
-    """The whole demo; returns an exit code."""
+def run_demo(
+    settings: Settings, *, images: int, out_dir: Path, workers: int | None, seed: int, as_json: bool = False
+) -> int:
+    """The whole demo; returns an exit code. as_json: the summary as one JSON object on standard output,
+    what it says to people on standard error."""
+    say = sys.stderr if as_json else sys.stdout
     out_dir = out_dir.resolve()
     image_dir = out_dir / "images"
     annotated_dir = out_dir / "annotated"
     for folder in (image_dir, annotated_dir):
         folder.mkdir(parents=True, exist_ok=True)
     processes = workers or usable_cores()
-    print(f"detq demo: generating {images} images with ground truth in {image_dir}")
+    print(f"detq demo: generating {images} images with ground truth in {image_dir}", file=say)
     truth_path = write_dataset(image_dir, images, seed)
     truth = load_ground_truth(truth_path)
 
     with ledger(settings) as led:
-        return _run(settings, led.sessions, processes, image_dir, truth, out_dir, annotated_dir)
+        code, summary = _run(settings, led.sessions, processes, image_dir, truth, out_dir, annotated_dir, say)
+    if as_json:
+        print(json.dumps(summary))
+    return code
 
 
 def _run(
@@ -52,9 +60,10 @@ def _run(
     truth: dict[str, list[GroundTruthBox]],
     out_dir: Path,
     annotated_dir: Path,
-) -> int:
+    say: TextIO,
+) -> tuple[int, dict[str, Any]]:
     log_path = out_dir / "worker.log"
-    print(f"detq demo: starting {processes} CPU worker processes (log: {log_path})")
+    print(f"detq demo: starting {processes} CPU worker processes (log: {log_path})", file=say)
     workers = LocalWorkers(settings, WorkerPool.CPU, processes, log_path)
     try:
         workers.start()
@@ -69,18 +78,18 @@ def _run(
             batch_size=settings.batch_size,
             worker_timeout_s=settings.worker_timeout,
         )
-        print(f"detq demo: job {result.job_id}: {result.total} images in {result.batches} batches")
+        print(f"detq demo: job {result.job_id}: {result.total} images in {result.batches} batches", file=say)
 
         def poll() -> JobStatus:
             workers.check_alive()
             with factory() as session:
                 return job_status(session, result.job_id)
 
-        final = wait_with_progress(poll, stream=sys.stdout, timeout_s=1800)
+        final = wait_with_progress(poll, stream=say, timeout_s=1800)
         elapsed = time.monotonic() - began
     finally:
         workers.stop()
-    return _summarise(factory, result.job_id, final, elapsed, truth, out_dir, annotated_dir)
+    return _summarise(factory, result.job_id, final, elapsed, truth, out_dir, annotated_dir, say)
 
 
 def _summarise(
@@ -91,7 +100,8 @@ def _summarise(
     truth: dict[str, list[GroundTruthBox]],
     out_dir: Path,
     annotated_dir: Path,
-) -> int:
+    say: TextIO,
+) -> tuple[int, dict[str, Any]]:
     predictions: dict[str, list[PredictedBox]] = {}
     per_class: Counter[str] = Counter()
     drawn = 0
@@ -112,7 +122,7 @@ def _summarise(
     precision, recall, tp, fp, fn = precision_recall(truth, predictions, iou_threshold=0.5)
     finished = final.done + final.failed + final.rejected
     per_class_counts = {name: per_class.get(name, 0) for name in CLASSES}
-    summary = {
+    summary: dict[str, Any] = {
         "job_id": job_id,
         "images": final.total,
         "done": final.done,
@@ -128,17 +138,20 @@ def _summarise(
         "seconds": round(elapsed, 2),
         "images_per_s": round(finished / elapsed, 2) if elapsed > 0 else None,
     }
-    print()
-    print("detq demo summary")
+    print(file=say)
+    print("detq demo summary", file=say)
     print(
-        f"  images       {final.total} ({final.done} done, {final.failed} failed, {final.rejected} rejected)"
+        f"  images       {final.total} ({final.done} done, {final.failed} failed, {final.rejected} rejected)",
+        file=say,
     )
-    print(f"  detections   {final.detections}")
+    print(f"  detections   {final.detections}", file=say)
     for name, count in per_class_counts.items():
-        print(f"    {name:<10} {count}")
-    print(f"  precision    {precision:.3f}  recall {recall:.3f}  (IoU 0.5; tp {tp}, fp {fp}, fn {fn})")
-    print(f"  throughput   {summary['images_per_s']} images/s over {elapsed:.1f} s")
-    print(f"  COCO JSON    {coco_path}")
-    print(f"  annotated    {annotated_dir} ({drawn} images)")
+        print(f"    {name:<10} {count}", file=say)
+    print(
+        f"  precision    {precision:.3f}  recall {recall:.3f}  (IoU 0.5; tp {tp}, fp {fp}, fn {fn})", file=say
+    )
+    print(f"  throughput   {summary['images_per_s']} images/s over {elapsed:.1f} s", file=say)
+    print(f"  COCO JSON    {coco_path}", file=say)
+    print(f"  annotated    {annotated_dir} ({drawn} images)", file=say)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return 0 if final.pending == 0 and final.done > 0 else 1
+    return (0 if final.pending == 0 and final.done > 0 else 1), summary

@@ -9,7 +9,9 @@ import click
 from detq.cli.base import DetqCommand, examples, load_settings
 
 
-@click.command(cls=DetqCommand, epilog=examples("detq demo", "detq demo --images 40 --workers 1"))
+@click.command(
+    cls=DetqCommand, epilog=examples("detq demo", "detq demo --images 40 --workers 1", "detq demo --json")
+)
 @click.option(
     "--images", type=click.IntRange(1, 100_000), default=120, show_default=True, help="Images to generate."
 )
@@ -22,7 +24,10 @@ from detq.cli.base import DetqCommand, examples, load_settings
 )
 @click.option("--workers", type=click.IntRange(min=1), help="CPU worker processes (default: cores).")
 @click.option("--seed", type=int, default=2026, show_default=True, help="Seed of the generated images.")
-def demo(images: int, out: Path, workers: int | None, seed: int) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as one JSON object (the rest on stderr)."
+)
+def demo(images: int, out: Path, workers: int | None, seed: int, as_json: bool) -> None:
     """Run the demo end to end on CPU workers.
 
     Generates shape images with ground truth, runs workers over them, and prints a summary with
@@ -30,4 +35,6 @@ def demo(images: int, out: Path, workers: int | None, seed: int) -> None:
     """
     from demo.run import run_demo
 
-    raise SystemExit(run_demo(load_settings(), images=images, out_dir=out, workers=workers, seed=seed))
+    raise SystemExit(
+        run_demo(load_settings(), images=images, out_dir=out, workers=workers, seed=seed, as_json=as_json)
+    )

@@ -16,15 +16,19 @@ pytestmark = pytest.mark.integration
 def test_demo_runs_and_scores(embedded: Deployment, tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = subprocess.run(
-        [*DETQ, "demo", "--images", "12", "--workers", "1", "--out", str(out)],
+        [*DETQ, "demo", "--images", "12", "--workers", "1", "--out", str(out), "--json"],
         env=embedded.env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "detq demo summary" in done.stdout
+    # With --json the summary is standard output's one line, as summary.json holds it; people's text
+    # goes to standard error
+    assert "detq demo summary" in done.stderr
     summary = json.loads((out / "summary.json").read_text())
+    (line,) = done.stdout.strip().splitlines()
+    assert json.loads(line) == summary
     assert summary["done"] == summary["images"] == 12
     assert summary["precision@0.5"] >= 0.8 and summary["recall@0.5"] >= 0.8
     coco = json.loads((out / "detections_coco.json").read_text())
