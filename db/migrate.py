@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,8 @@ ALEMBIC_VERSION_TABLE = "alembic_version"
 
 # Key of the PostgreSQL advisory lock held while migrating; advisory locks are scoped to one database.
 PG_MIGRATION_LOCK_KEY = 0x6465_7471_6D69_6772  # "detqmigr"
+
+log = logging.getLogger(__name__)
 
 
 class SchemaError(DetqError):
@@ -86,6 +89,8 @@ def ensure_schema(engine: Engine) -> None:
     if current == head:  # the usual case: a read, not a migration run (its start-up costs every command)
         return
     if engine.dialect.name == "sqlite":
+        if current is not None:  # an existing ledger: a table rebuilt on millions of rows takes a while
+            log.warning("detq: upgrading the ledger %s from %s to %s", engine.url.database, current, head)
         upgrade(engine)
         return
     raise SchemaError(

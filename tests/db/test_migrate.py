@@ -21,7 +21,7 @@ from alembic.script import ScriptDirectory
 from db.engine import make_engine, make_session_factory
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_or_create_model
-from db.migrate import head_revision, make_config, script_head, upgrade
+from db.migrate import ensure_schema, head_revision, make_config, script_head, upgrade
 from db.models import Base
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
@@ -328,3 +328,24 @@ def test_0006_makes_images_unique_by_path_then_job_and_keeps_their_rows(database
         assert _image_rows(engine) == before
     finally:
         engine.dispose()
+
+
+def test_an_existing_embedded_ledger_says_it_is_upgrading_and_a_new_one_does_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an embedded ledger at 0005, and a folder with none yet
+    old, new = f"sqlite:///{tmp_path / 'old.db'}", f"sqlite:///{tmp_path / 'new.db'}"
+    engine = make_engine(old)
+    upgrade(engine, "0005")
+    engine.dispose()
+    # When each is opened as every command opens it
+    with caplog.at_level("WARNING", logger="db.migrate"):
+        for url in (old, new):
+            engine = make_engine(url)
+            ensure_schema(engine)
+            engine.dispose()
+    # Then both are at head, and only the existing one said so (a rebuilt table takes a while on millions
+    # of rows: 3 s for 1,000,000 images, 0005 to 0006)
+    assert revision_of(old) == revision_of(new) == HEAD
+    warnings = [r.getMessage() for r in caplog.records if r.name == "db.migrate"]
+    assert warnings == [f"detq: upgrading the ledger {tmp_path / 'old.db'} from 0005 to {HEAD}"]
