@@ -68,10 +68,11 @@ def publish_batch(producer: Any) -> AbstractContextManager[object]:
     return cast(AbstractContextManager[object], producer.batch())
 
 
-def check_broker(app: Celery, timeout_s: int = 5) -> None:
-    """Connect to the broker once; kombu's OperationalError (or OSError) says why it cannot be reached."""
+def check_broker(app: Celery, timeout_s: int = 5, retries: int = 1) -> None:
+    """Connect to the broker (a failed try is tried again `retries` times, 2 s later); kombu's
+    OperationalError (or OSError) says why it cannot be reached."""
     with app.connection_for_write() as connection:
-        connection.ensure_connection(max_retries=1, timeout=timeout_s)
+        connection.ensure_connection(max_retries=retries, timeout=timeout_s)
 
 
 def broker_error_reason(error: BaseException) -> str:
