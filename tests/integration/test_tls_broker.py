@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from demo.shapes import write_dataset
-from tests.integration.harness import DETQ, Deployment, running_worker
+from tests.integration.harness import Deployment, running_worker
 from tests.integration.servers import ThrowawayTlsRedis
 
 pytestmark = pytest.mark.integration
@@ -61,16 +60,8 @@ def test_a_worker_stops_at_start_up_when_the_broker_certificate_is_refused(
     # broker that is down is worth waiting for)
     deployment = Deployment(tmp_path / "data", broker_url=tls_redis.url)
     # When it starts
-    done = subprocess.run(
-        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
-        env=deployment.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    # Then it stops at once with the reason and the fix, instead of retrying for ever
-    assert done.returncode == 3, done.stdout + done.stderr
+    done = deployment.run("worker", "--pool", "cpu", "--concurrency", "1", timeout=120, codes=(3,))
+    # Then it stops at once (exit 3) with the reason and the fix, instead of retrying for ever
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("detq worker: cannot use the broker:")
     assert "certificate verify failed" in line and "ssl_ca_certs=" in line

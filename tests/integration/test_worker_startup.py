@@ -13,7 +13,7 @@ import pytest
 
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
-from tests.integration.harness import DETQ, LOADED_MARK, Deployment, running_worker
+from tests.integration.harness import LOADED_MARK, Deployment, running_worker
 from tests.support import retag_archive_device
 
 pytestmark = pytest.mark.integration
@@ -81,31 +81,15 @@ def test_broken_model_stops_the_worker_at_start_up(embedded: Deployment, tmp_pat
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"definitely not TorchScript")
     embedded.model = junk
-    done = subprocess.run(
-        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
-        env=embedded.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = embedded.run("worker", "--pool", "cpu", "--concurrency", "1", timeout=120, codes=(3,))
     output = done.stdout + done.stderr
-    assert done.returncode == 3, output
     assert "could not start" in output
     assert "cannot load" in output
 
 
 def test_a_pinned_worker_refuses_a_model_file_with_another_hash(embedded: Deployment) -> None:
     embedded.extra["DETQ_MODEL_SHA256"] = "0" * 64
-    done = subprocess.run(
-        [*DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
-        env=embedded.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 3, done.stdout + done.stderr
+    done = embedded.run("worker", "--pool", "cpu", "--concurrency", "1", timeout=120, codes=(3,))
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("detq worker:") and "but DETQ_MODEL_SHA256 pins 0000" in line
 
@@ -115,10 +99,7 @@ def test_gpu_pool_refuses_to_start_without_cuda(embedded: Deployment) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
-    done = subprocess.run(
-        [*DETQ, "worker", "--pool", "gpu"], env=embedded.env(), capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 3
+    done = embedded.run("worker", "--pool", "gpu", timeout=120, codes=(3,))
     assert "no CUDA device" in done.stderr
 
 
