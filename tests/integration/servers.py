@@ -50,7 +50,7 @@ class ThrowawayRedis:
             "no",
         ]
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port(self.port)
+        wait_for_port(self.port)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -97,7 +97,7 @@ class ThrowawayTlsRedis(ThrowawayRedis):
             *("--save", "", "--appendonly", "no"),
         ]
         self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port(self.port)
+        wait_for_port(self.port)
 
 
 class ThrowawayPostgres:
@@ -142,7 +142,8 @@ class ThrowawayPostgres:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _wait_for_port(port: int, timeout: float = 30) -> None:
+def wait_for_port(port: int, timeout: float = 30) -> None:
+    """Return once something listens on the port on 127.0.0.1; fail the test after timeout seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

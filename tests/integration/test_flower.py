@@ -1,0 +1,77 @@
+"""`detq flower` for real: Flower on the Redis broker, behind basic auth, sees a running detq worker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import DETQ, Deployment, running_worker
+from tests.integration.servers import free_port, wait_for_port
+
+pytestmark = pytest.mark.integration
+
+AUTH = "ops:secret"
+
+
+def _get(port: int, path: str, auth: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), b""
+
+
+def _workers(port: int) -> dict[str, Any]:
+    status, body = _get(port, "/api/workers?refresh=1", AUTH)
+    assert status == 200, status
+    found = json.loads(body)
+    assert isinstance(found, dict)
+    return found
+
+
+def test_flower_asks_for_credentials_and_lists_a_running_worker(redis_url: str, tmp_path: Path) -> None:
+    # Given a detq worker on Redis, and `detq flower` on the same broker with basic auth
+    deployment = Deployment(tmp_path / "data", broker_url=redis_url, extra={"DETQ_FLOWER_BASIC_AUTH": AUTH})
+    port = free_port()
+    with running_worker(deployment, concurrency=1) as worker:
+        flower = subprocess.Popen(
+            [*DETQ, "flower", "--port", str(port)],
+            env=deployment.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_port(port)
+            # When it is asked without credentials, and with them
+            denied, _ = _get(port, "/")
+            allowed, _ = _get(port, "/", AUTH)
+            # Then only the second gets the page
+            assert (denied, allowed) == (401, 200)
+            # And the worker's node shows in its list within a few refreshes
+            node = f"cpu-{worker.proc.pid}@{socket.gethostname()}"  # detq's default node name
+            deadline = time.monotonic() + 60
+            names: list[str] = []
+            while time.monotonic() < deadline and node not in names:
+                names = list(_workers(port))
+                time.sleep(1)
+            assert node in names, (node, names)
+        finally:
+            # And SIGTERM to `detq flower` stops Flower itself: nothing listens on its port afterwards
+            flower.send_signal(signal.SIGTERM)
+            code = flower.wait(timeout=30)
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+    assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), code
