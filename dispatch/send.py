@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, cast
@@ -87,5 +88,12 @@ def broker_error_reason(error: BaseException) -> str:
 
 def is_certificate_refusal(error: BaseException) -> bool:
     """Whether the broker was refused because its TLS certificate could not be verified: no retry mends
-    that, where a broker that is down may come back."""
-    return "CERTIFICATE_VERIFY_FAILED" in str(error)
+    that, where a broker that is down may come back. kombu wraps redis-py's error, which wraps ssl's."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        if isinstance(found, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False

@@ -168,7 +168,7 @@ def enqueue_folders(
                     on_progress(sender.images, sender.batches)
             sent += sender.finish()
         except BROKER_ERRORS as exc:
-            reason = f"not queued: the broker became unreachable during enqueue ({_one_line(exc)})"
+            reason = f"not queued: the broker became unreachable during enqueue ({broker_error_reason(exc)})"
             in_transaction(factory, partial(abandon_enqueue, job_id=job_id, reason=reason, now=utcnow()))
             raise EnqueueError(f"job {job_id} closed, its images failed: {reason}") from None
     counts = tally.counts() if tally is not None else None
@@ -188,11 +188,6 @@ def enqueue_folders(
         counts=counts,
         refused=recorded - sender.images,
     )
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def check_model_file(model_path: Path) -> Path:

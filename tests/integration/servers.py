@@ -37,11 +37,14 @@ class ThrowawayRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def listen_arguments(self) -> list[str]:
+        """How redis-server listens: plain TCP on self.port."""
+        return ["--port", str(self.port)]
+
     def start(self) -> None:
         command = [
             self.binary,
-            "--port",
-            str(self.port),
+            *self.listen_arguments(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -87,17 +90,14 @@ class ThrowawayTlsRedis(ThrowawayRedis):
             "-out", "server.crt", "-days", "2", "-extfile", "san.cnf",
         )  # fmt: skip
 
-    def start(self) -> None:
-        command = [
-            self.binary,
-            *("--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"),
+    def listen_arguments(self) -> list[str]:
+        """TLS only on self.port (no plain port), with this server's certificate."""
+        return [
+            *("--port", "0", "--tls-port", str(self.port)),
             *("--tls-cert-file", str(self.folder / "server.crt")),
             *("--tls-key-file", str(self.folder / "server.key")),
             *("--tls-ca-cert-file", str(self.ca_file), "--tls-auth-clients", "no"),
-            *("--save", "", "--appendonly", "no"),
         ]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port)
 
 
 class ThrowawayPostgres:
