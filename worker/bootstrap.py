@@ -19,9 +19,10 @@ from db.ledger import open_ledger
 from db.workers_repo import ROLE_PROCESS, WorkerIdentity
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
-from worker.allocator import keep_large_buffers
+from worker.allocator import give_back_free_memory, keep_large_buffers
 from worker.devices import device_for_process
 from worker.heartbeat import Heartbeat, host_key
+from worker.idle_memory import IdleTrim
 from worker.metrics import ProcessMetrics
 from worker.tasks import BatchTask
 
@@ -70,8 +71,9 @@ class PoolBootstrap:
             from worker.jpeg import exact_jpeg_decoder
             from worker.runtime import WorkerRuntime, load_configured
 
-            if not keep_large_buffers():
-                log.info("large image buffers are mapped afresh: not glibc, or it refused a 256 MB threshold")
+            kept = keep_large_buffers()
+            if not kept:
+                log.info("large image buffers are mapped afresh: not glibc, or it refused a 1 GB threshold")
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
             torch.set_num_threads(self.threads)
@@ -109,6 +111,9 @@ class PoolBootstrap:
                 state=runtime.stats.beat,
             )
             runtime.worker_id = runtime.heartbeat.start()
+            if kept:
+                runtime.idle_trim = IdleTrim(runtime.stats.idle_since, give_back_free_memory)
+                runtime.idle_trim.start()
             if self.settings.metrics_port is not None:
                 runtime.metrics = ProcessMetrics()
                 runtime.metrics.model_load.observe((model.load_ms + model.warmup_ms) / 1000)

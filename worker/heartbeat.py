@@ -56,6 +56,7 @@ class ProcessStats:
     batches_done: int = 0
     images_done: int = 0
     current_batch_id: int | None = None
+    last_ended: float | None = None  # monotonic time the last batch ended
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
 
     def add(self, images: int, now: float | None = None) -> None:
@@ -64,6 +65,11 @@ class ProcessStats:
         self.batches_done += 1
         self.images_done += images
         self._recent.append((moment, images))
+        self.last_ended = moment
+
+    def idle_since(self) -> float | None:
+        """When the last batch ended; None while a batch runs or before the first."""
+        return None if self.current_batch_id is not None else self.last_ended
 
     def images_per_s(self, now: float | None = None) -> float:
         """Images finished per second over the last minute."""

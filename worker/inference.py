@@ -52,9 +52,9 @@ def pixel_budget(model: LoadedModel, cpu_pixels: int | None) -> float:
 
     On a CPU, small forwards run faster. A torchvision detector takes full-size images and makes float
     copies of each (ours, then its transform's normalisation): a micro-batch of eight 12 MP photos is
-    over 1 GB of them, past what the pool process's allocator keeps (worker/allocator.py), so every
-    forward faulted its buffers in afresh, and one photo at a time ran the in-process ceiling 2.2x as
-    fast. Smaller forwards keep a model's activations in the caches too: SSDlite on 1280x960 photos
+    over 1 GB of them, past the 512 MB of free heap a pool process then kept (worker/allocator.py), so
+    every forward faulted its buffers in afresh, and one photo at a time ran the in-process ceiling 2.2x
+    as fast. Smaller forwards keep a model's activations in the caches too: SSDlite on 1280x960 photos
     and a YOLOv8n export ran faster two to six images a forward than eight. On a GPU the caching
     allocator keeps the buffers and large batches fill the device.
     """

@@ -13,6 +13,7 @@ from pathlib import Path
 from db.ledger import Ledger
 from detq.settings import Settings
 from worker.heartbeat import Heartbeat, ProcessStats
+from worker.idle_memory import IdleTrim
 from worker.metrics import ProcessMetrics
 from worker.models.loading import LoadedModel, ModelLoadError, load_model_for_device
 from worker.models.metadata import MetaOverrides, parse_input_size
@@ -39,6 +40,7 @@ class WorkerRuntime:
     stats: ProcessStats = field(default_factory=ProcessStats)
     heartbeat: Heartbeat | None = None
     metrics: ProcessMetrics | None = None  # with DETQ_METRICS_PORT
+    idle_trim: IdleTrim | None = None  # where the heap keeps large buffers (glibc)
 
     # DETQ_ALLOWED_ROOTS resolved once, at start: one replaced by a symlink later does not move.
     allowed_roots: list[Path] = field(default_factory=list)
@@ -79,9 +81,11 @@ class WorkerRuntime:
         return loaded
 
     def close(self) -> None:
-        """Close this process's worker row, stop the decode threads, close the ledger's connections."""
+        """Close the worker row, stop the decode and idle threads, close the ledger's connections."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.idle_trim is not None:
+            self.idle_trim.stop()
         if self.decode_executor is not None:
             self.decode_executor.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
