@@ -51,7 +51,8 @@ def still_running(record: WorkerRecord) -> bool:
 
 @dataclass
 class ProcessStats:
-    """What a pool process has done, for its heartbeat: batches, images, and images/s over a minute."""
+    """What a pool process has done, for its heartbeat (batches, images, images/s over a minute) and its
+    idle trim (when it last finished a batch)."""
 
     batches_done: int = 0
     images_done: int = 0

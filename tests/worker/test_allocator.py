@@ -12,11 +12,12 @@ import pytest
 MB = 1024 * 1024
 MB64 = 64 * MB
 
-# Run in a child: mallopt changes the whole process, and the test process should keep glibc's defaults.
-_PROBE = textwrap.dedent(
+# Probes run in a child: mallopt changes the whole process, and the test process should keep glibc's
+# defaults. Each starts with glibc's malloc, free and statistics (mallinfo2) at hand.
+_LIBC = textwrap.dedent(
     """
     import ctypes, sys
-    from worker.allocator import keep_large_buffers
+    from worker.allocator import give_back_free_memory, keep_large_buffers
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -25,8 +26,13 @@ _PROBE = textwrap.dedent(
 
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     libc.mallinfo2.restype = MallInfo2
+    """
+)
+_PROBE = _LIBC + textwrap.dedent(
+    """
     applied = keep_large_buffers() if sys.argv[1] == "keep" else None
     before = libc.mallinfo2().hblkhd
     buffer = libc.malloc(64 * 1024 * 1024)
@@ -58,21 +64,8 @@ def test_a_large_buffer_comes_from_the_heap_and_stays_there_once_large_buffers_a
 # Three buffers of 200 MB freed together leave 600 MB free at the top of the heap, as a 12 MP photo's float
 # copies do (about 540 MB for a torchvision model); then the heap is given back. Nothing is touched, so
 # nothing is faulted in: the heap's size is address space.
-_TOP_PROBE = textwrap.dedent(
+_TOP_PROBE = _LIBC + textwrap.dedent(
     """
-    import ctypes, sys
-    from worker.allocator import give_back_free_memory, keep_large_buffers
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd",
-            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.mallinfo2.restype = MallInfo2
     keep_large_buffers()
     before = libc.mallinfo2().hblkhd
     single = libc.malloc(300 * 1024 * 1024)  # a 24 MP photo's float copy is 288 MB
