@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-IDLE_S = 30.0  # far longer than the gap between a job's batches (tens of ms) or between a night's jobs
+IDLE_S = 30.0  # far longer than the gap between a job's batches (tens of ms)
 CHECK_S = 5.0
 
 
