@@ -71,6 +71,8 @@ def write(out: Path, report: dict[str, Any]) -> None:
     except ImportError:
         return
     workloads = report["images_per_s"]
+    if not workloads:  # a run of extras alone (--images 0 --large-images 0): nothing to chart
+        return
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     for axis, (workload, runners) in zip(axes[0], workloads.items(), strict=True):
         names = [n for n, rates in runners.items() if rates]

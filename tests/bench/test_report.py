@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench.report import CEILING, NAIVE, round_by_round, table
+import json
+from pathlib import Path
+
+from bench.report import CEILING, NAIVE, round_by_round, table, write
 
 
 def test_round_by_round_pairs_each_run_with_the_ceilings_run_of_the_same_round() -> None:
@@ -22,3 +25,12 @@ def test_table_shows_best_against_best_and_round_by_round() -> None:
     expected = "| m 1280x960 | detq embedded | 9.0, 6.0 | 9.0 | 1.80x | 0.90x | - | 1.05x (0.90-1.20) |"
     assert lines[-1] == expected
     assert lines[-2].endswith("| 1.00x (1.00-1.00) |")
+
+
+def test_a_run_of_extras_alone_writes_its_json_and_table_without_a_chart(tmp_path: Path) -> None:
+    # Given a run with no photos (--images 0 --large-images 0): only the extras, such as the overhead
+    summary = {"images_per_s": {}, "framework_ms_per_batch": {"embedded": 17.5}}
+    write(tmp_path, summary)
+    assert json.loads((tmp_path / "bench.json").read_text())["framework_ms_per_batch"] == {"embedded": 17.5}
+    assert (tmp_path / "bench.md").exists()
+    assert not (tmp_path / "bench.png").exists()  # no workload, no chart (matplotlib refused zero columns)
