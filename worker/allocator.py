@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 LARGE_BUFFER_BYTES = 1024 * 1024 * 1024
 KEEP_FREE_BYTES = 2**31 - 1  # the largest value mallopt takes: the heap is not trimmed while at work
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, where this process has it (mallopt and malloc_trim are glibc's)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 def keep_large_buffers(threshold_bytes: int = LARGE_BUFFER_BYTES) -> bool:
@@ -25,20 +36,16 @@ def keep_large_buffers(threshold_bytes: int = LARGE_BUFFER_BYTES) -> bool:
     holds on to the memory of its largest photo, lasts while it works: give_back_free_memory returns it
     once the process idles (worker/idle_memory.py).
     """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    mapped = mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(threshold_bytes))
-    kept = mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(KEEP_FREE_BYTES))
+    mapped = libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(threshold_bytes))
+    kept = libc.mallopt(ctypes.c_int(M_TRIM_THRESHOLD), ctypes.c_int(KEEP_FREE_BYTES))
     return bool(mapped) and bool(kept)
 
 
 def give_back_free_memory() -> bool:
     """Return the heap's free pages to the system (glibc's malloc_trim); False where nothing was returned
     or the C library is not glibc."""
-    try:
-        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(malloc_trim(ctypes.c_size_t(0)))
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(ctypes.c_size_t(0)))
