@@ -47,18 +47,19 @@ def build_models(work: Path, names: list[str]) -> dict[str, Path]:
     return models
 
 
-def runners(
-    model: Path, photos: list[Path], folder: Path, work: Path, ray: bool
-) -> dict[str, Callable[[], float]]:
+Runner = Callable[[], float | deployments.JobRun]
+
+
+def runners(model: Path, photos: list[Path], folder: Path, work: Path, ray: bool) -> dict[str, Runner]:
     cores = len(os.sched_getaffinity(0))
     extra = {"DETQ_BATCH_SIZE": "8"}
     warm = deployments.warm_up_folder(photos, folder.with_name(f"{folder.name}-warm-up"), cores)
 
-    def scaled_out(settings: dict[str, str]) -> Callable[[], float]:
+    def scaled_out(settings: dict[str, str]) -> Runner:
         env = {**extra, **settings}
         return lambda: deployments.detq_redis_postgres(model, folder, work, cores, env, warm)
 
-    found: dict[str, Callable[[], float]] = {
+    found: dict[str, Runner] = {
         report.NAIVE: lambda: loops.naive_loop(model, photos),
         report.CEILING: lambda: loops.ceiling(model, photos),
         "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra, warm),
@@ -105,6 +106,8 @@ def main() -> int:
     ray = not args.no_ray and ray_data.available()
     started = time.time()
     results: dict[str, dict[str, list[float]]] = {}
+    start_ups: dict[str, dict[str, list[float]]] = {}  # detq runners: launch to first claim, s
+    after_claim: dict[str, dict[str, list[float]]] = {}  # detq runners: images/s from the first claim
     extras: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="detq-bench-") as tmp:
         work = Path(tmp)
@@ -125,16 +128,16 @@ def main() -> int:
         }
         for workload, named in plan.items():
             results[workload] = {name: [] for name in named}
+            start_ups[workload], after_claim[workload] = {}, {}
 
         def save() -> dict[str, Any]:  # after every step: a late failure keeps what was measured
             summary = {
                 "command": " ".join(["python -m bench", *sys.argv[1:]]),
                 "machine": report.machine(),
                 "seconds": round(time.time() - started),
-                "images_per_s": {
-                    w: {n: [round(r, 2) for r in rs] for n, rs in named.items()}
-                    for w, named in results.items()
-                },
+                "images_per_s": _rounded(results),
+                report.START_UPS: _rounded(start_ups, 3),
+                report.AFTER_CLAIM: _rounded(after_claim),
                 **extras,
             }
             report.write(args.out, summary)
@@ -143,9 +146,16 @@ def main() -> int:
         for round_ in range(args.repeat):  # interleaved: a drift in machine load hits every runner alike
             for workload, named in plan.items():
                 for name, run in named.items():
-                    rate = run()
+                    outcome = run()
+                    rate = outcome.rate if isinstance(outcome, deployments.JobRun) else outcome
                     results[workload][name].append(rate)
-                    print(f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s", flush=True)
+                    line = f"round {round_ + 1} {workload} {name}: {rate:.1f} images/s"
+                    if isinstance(outcome, deployments.JobRun):
+                        start_ups[workload].setdefault(name, []).append(outcome.start_up_s)
+                        after_claim[workload].setdefault(name, []).append(outcome.rate_after_first_claim)
+                        after = outcome.rate_after_first_claim
+                        line += f"; start-up {outcome.start_up_s:.2f} s, then {after:.1f} images/s"
+                    print(line, flush=True)
             save()
         skip = {part.strip() for part in args.skip.split(",")}
         if "mixed" not in skip and "ssdlite" in models and "1280x960" in folders:
@@ -172,8 +182,14 @@ def main() -> int:
             extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
         summary = save()
     print(report.table(summary["images_per_s"]))
-    print({k: v for k, v in summary.items() if k not in ("images_per_s",)})
+    print(report.start_up_table(summary))
+    shown = ("images_per_s", report.START_UPS, report.AFTER_CLAIM)
+    print({k: v for k, v in summary.items() if k not in shown})
     return 0
+
+
+def _rounded(found: dict[str, dict[str, list[float]]], digits: int = 2) -> dict[str, dict[str, list[float]]]:
+    return {w: {n: [round(r, digits) for r in rs] for n, rs in named.items()} for w, named in found.items()}
 
 
 def mixed_bench(model: Path, photos: Path, work: Path, repeat: int) -> dict[str, list[float]]:
@@ -207,7 +223,7 @@ def framework_overhead(work: Path, repeat: int) -> dict[str, Any]:
     for _ in range(repeat):
         for name, deploy in run.items():
             for count, folder in folders.items():
-                rates[name][count].append(round(deploy(model, folder, work, cores, extra), 1))
+                rates[name][count].append(round(deploy(model, folder, work, cores, extra).rate, 1))
     small, large = OVERHEAD_IMAGES
     per_batch_ms = {}
     for name, by_count in rates.items():

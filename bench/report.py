@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 NAIVE, CEILING, RAY = "naive loop", "in-process ceiling", "Ray Data"
+# The JSON's keys for the detq runners' split of each run: seconds from the launch of `detq enqueue` to
+# the first claimed image, and images/s from then to the last finished one.
+START_UPS, AFTER_CLAIM = "detq_start_up_s", "detq_images_per_s_after_first_claim"
 
 
 def _ratio(value: float, base: float | None) -> str:
@@ -45,6 +48,28 @@ def table(results: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
+def start_up_table(report: dict[str, Any]) -> str:
+    """Markdown: each detq run split at its first claimed image, the time before it (the enqueue
+    command's start-up, its rows and sends) and the pace after it, against the ceiling round by round;
+    empty when no detq runner ran."""
+    start_ups: dict[str, dict[str, list[float]]] = report.get(START_UPS, {})
+    after: dict[str, dict[str, list[float]]] = report.get(AFTER_CLAIM, {})
+    lines = [
+        "| workload | runner | start-up, s (runs) | images/s after the first claim (runs) "
+        "| after the first claim vs ceiling, round by round |",
+        "|---|---|---|---|---|",
+    ]
+    for workload, runners in start_ups.items():
+        ceiling = report["images_per_s"].get(workload, {}).get(CEILING)
+        for name, seconds in runners.items():
+            rates = after.get(workload, {}).get(name, [])
+            lines.append(
+                f"| {workload} | {name} | {', '.join(f'{s:.2f}' for s in seconds)} "
+                f"| {', '.join(f'{r:.1f}' for r in rates)} | {round_by_round(rates, ceiling)} |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def machine() -> dict[str, Any]:
     import os
 
@@ -62,7 +87,8 @@ def write(out: Path, report: dict[str, Any]) -> None:
     """bench.json, bench.md (the table) and, with matplotlib, bench.png."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
-    (out / "bench.md").write_text(table(report["images_per_s"]) + "\n")
+    split = start_up_table(report)
+    (out / "bench.md").write_text(table(report["images_per_s"]) + "\n" + (f"\n{split}\n" if split else ""))
     try:
         import matplotlib
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import CEILING, NAIVE, round_by_round, table, write
+from bench.report import AFTER_CLAIM, CEILING, NAIVE, START_UPS, round_by_round, start_up_table, table, write
 
 
 def test_round_by_round_pairs_each_run_with_the_ceilings_run_of_the_same_round() -> None:
@@ -34,3 +34,27 @@ def test_a_run_of_extras_alone_writes_its_json_and_table_without_a_chart(tmp_pat
     assert json.loads((tmp_path / "bench.json").read_text())["framework_ms_per_batch"] == {"embedded": 17.5}
     assert (tmp_path / "bench.md").exists()
     assert not (tmp_path / "bench.png").exists()  # no workload, no chart (matplotlib refused zero columns)
+
+
+def test_the_start_up_table_splits_each_detq_run_at_its_first_claim() -> None:
+    # Given two rounds in which detq took 0.5 s to its first claim, then ran at 9 and 4 images/s
+    summary = {
+        "images_per_s": {"m 12MP": {CEILING: [10.0, 5.0], "detq embedded": [8.0, 3.5]}},
+        START_UPS: {"m 12MP": {"detq embedded": [0.5, 0.62]}},
+        AFTER_CLAIM: {"m 12MP": {"detq embedded": [9.0, 4.0]}},
+    }
+    lines = start_up_table(summary).splitlines()
+    # Then the pace after the claim is set against the ceiling's run of the same round: 0.9 and 0.8
+    assert lines[-1] == "| m 12MP | detq embedded | 0.50, 0.62 | 9.0, 4.0 | 0.85x (0.80-0.90) |"
+    assert start_up_table({"images_per_s": {}}) == ""  # no detq runner, no table
+
+
+def test_bench_md_holds_the_start_up_table_after_the_main_one(tmp_path: Path) -> None:
+    summary = {
+        "images_per_s": {"m 1280x960": {"detq embedded": [8.0]}},
+        START_UPS: {"m 1280x960": {"detq embedded": [0.55]}},
+        AFTER_CLAIM: {"m 1280x960": {"detq embedded": [8.6]}},
+    }
+    write(tmp_path, summary)
+    text = (tmp_path / "bench.md").read_text()
+    assert text.index("| vs ceiling, round by round |") < text.index("| m 1280x960 | detq embedded | 0.55 |")
