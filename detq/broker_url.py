@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def verified_tls(url: str) -> str:
     """A rediss:// URL with ssl_cert_reqs=required added where it names no ssl_cert_reqs; others as given.
@@ -17,3 +19,14 @@ def verified_tls(url: str) -> str:
     if any(part.split("=", 1)[0] == "ssl_cert_reqs" for part in query.split("&")):
         return url
     return f"{base}?{query}&ssl_cert_reqs=required" if query else f"{base}?ssl_cert_reqs=required"
+
+
+def tls_options(url: str) -> dict[str, Any] | None:
+    """The TLS settings of a rediss:// URL as kombu reads them from its query (ssl_cert_reqs as an ssl
+    constant, ssl_ca_certs, ssl_certfile, ssl_keyfile), after verified_tls; None for any other URL."""
+    if not url.startswith("rediss://"):
+        return None
+    from kombu.utils.url import parse_url  # here: most commands never need kombu's URL parser
+
+    options: dict[str, Any] = parse_url(verified_tls(url)).get("ssl", {})
+    return options

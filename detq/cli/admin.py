@@ -83,13 +83,13 @@ def flower(port: int, address: str) -> None:
 
 
 def flower_command(settings: Settings, *, address: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """Flower's command line and environment: the broker URL and credentials travel in the environment,
-    never on the command line, where any local user could read them (ps)."""
+    """Flower's command line and environment: the broker URL and credentials travel in the environment
+    (the child reads detq's settings from it, detq.cli.flower_app), never on the command line, where any
+    local user could read them (ps)."""
     env = dict(os.environ)
-    env["CELERY_BROKER_URL"] = settings.resolved_broker_url
     if settings.flower_basic_auth:
         env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
-    argv = [sys.executable, "-m", "celery", "flower", f"--address={address}", f"--port={port}"]
+    argv = [sys.executable, "-m", "detq.cli.flower_app", f"--address={address}", f"--port={port}"]
     return argv, env
 
 

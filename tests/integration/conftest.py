@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.harness import Deployment
+from tests.integration.servers import ThrowawayTlsRedis
 
 
 @pytest.fixture(params=["embedded", "redis+postgres"])
@@ -26,3 +28,12 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
 def embedded(tmp_path: Path) -> Deployment:
     """The embedded default only: SQLite and the filesystem broker in a data dir."""
     return Deployment(data_dir=tmp_path / "data")
+
+
+@pytest.fixture()
+def tls_redis(tmp_path: Path) -> Iterator[ThrowawayTlsRedis]:
+    """A throwaway redis-server that speaks TLS only, its certificate signed by a CA of its own."""
+    server = ThrowawayTlsRedis(tmp_path / "tls")
+    server.start()
+    yield server
+    server.stop()

@@ -1,4 +1,5 @@
-"""`detq flower` for real: Flower on the Redis broker, behind basic auth, sees a running detq worker."""
+"""`detq flower` for real: Flower on the Redis broker, behind basic auth, sees a running detq worker; on a
+TLS-only Redis too, its queue lengths included."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import DETQ, Deployment, running_worker
-from tests.integration.servers import free_port, wait_for_port
+from tests.integration.harness import DETQ, Deployment, WorkerHandle, running_worker
+from tests.integration.servers import ThrowawayTlsRedis, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -42,36 +45,70 @@ def _workers(port: int) -> dict[str, Any]:
     return found
 
 
+def _node(worker: WorkerHandle) -> str:
+    return f"cpu-{worker.proc.pid}@{socket.gethostname()}"  # detq's default node name
+
+
+def _wait_for_node(port: int, node: str) -> None:
+    deadline = time.monotonic() + 60
+    names: list[str] = []
+    while time.monotonic() < deadline and node not in names:
+        names = list(_workers(port))
+        time.sleep(1)
+    assert node in names, (node, names)
+
+
+@contextmanager
+def _flower(deployment: Deployment, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`detq flower` on this deployment's broker, listening on port; SIGTERM afterwards if still running."""
+    flower = subprocess.Popen(
+        [*DETQ, "flower", "--port", str(port)],
+        env=deployment.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield flower
+    finally:
+        if flower.poll() is None:
+            flower.send_signal(signal.SIGTERM)
+            flower.wait(timeout=30)
+
+
 def test_flower_asks_for_credentials_and_lists_a_running_worker(redis_url: str, tmp_path: Path) -> None:
     # Given a detq worker on Redis, and `detq flower` on the same broker with basic auth
     deployment = Deployment(tmp_path / "data", broker_url=redis_url, extra={"DETQ_FLOWER_BASIC_AUTH": AUTH})
     port = free_port()
-    with running_worker(deployment, concurrency=1) as worker:
-        flower = subprocess.Popen(
-            [*DETQ, "flower", "--port", str(port)],
-            env=deployment.env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for_port(port)
-            # When it is asked without credentials, and with them
-            denied, _ = _get(port, "/")
-            allowed, _ = _get(port, "/", AUTH)
-            # Then only the second gets the page
-            assert (denied, allowed) == (401, 200)
-            # And the worker's node shows in its list within a few refreshes
-            node = f"cpu-{worker.proc.pid}@{socket.gethostname()}"  # detq's default node name
-            deadline = time.monotonic() + 60
-            names: list[str] = []
-            while time.monotonic() < deadline and node not in names:
-                names = list(_workers(port))
-                time.sleep(1)
-            assert node in names, (node, names)
-        finally:
-            # And SIGTERM to `detq flower` stops Flower itself: nothing listens on its port afterwards
-            flower.send_signal(signal.SIGTERM)
-            code = flower.wait(timeout=30)
+    with running_worker(deployment, concurrency=1) as worker, _flower(deployment, port) as flower:
+        # When it is asked without credentials, and with them
+        denied, _ = _get(port, "/")
+        allowed, _ = _get(port, "/", AUTH)
+        # Then only the second gets the page
+        assert (denied, allowed) == (401, 200)
+        # And the worker's node shows in its list within a few refreshes
+        _wait_for_node(port, _node(worker))
+        # And SIGTERM to `detq flower` stops Flower itself: nothing listens on its port afterwards
+        flower.send_signal(signal.SIGTERM)
+        code = flower.wait(timeout=30)
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
     assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), code
+
+
+def test_flower_on_a_tls_only_redis_whose_ca_the_url_names_shows_the_worker_and_the_queues(
+    tls_redis: ThrowawayTlsRedis, tmp_path: Path
+) -> None:
+    # Given a worker and `detq flower` on a Redis that speaks TLS only, its private CA named in the URL
+    url = f"{tls_redis.url}?ssl_ca_certs={tls_redis.ca_file}"
+    deployment = Deployment(tmp_path / "data", broker_url=url, extra={"DETQ_FLOWER_BASIC_AUTH": AUTH})
+    port = free_port()
+    with running_worker(deployment, concurrency=1) as worker, _flower(deployment, port):
+        _wait_for_node(port, _node(worker))
+        # When its API is asked for the queues' lengths, which Flower reads over a Redis connection of its own
+        status, body = _get(port, "/api/queues/length", AUTH)
+    # Then they come back (that connection checked the server's certificate against the same CA) with the
+    # worker's queue among them
+    assert status == 200, status
+    queues = json.loads(body)["active_queues"]
+    assert "cpu" in {queue["name"] for queue in queues}, queues

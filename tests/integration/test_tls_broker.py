@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,6 @@ from tests.integration.harness import Deployment, running_worker
 from tests.integration.servers import ThrowawayTlsRedis
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def tls_redis(tmp_path: Path) -> Iterator[ThrowawayTlsRedis]:
-    server = ThrowawayTlsRedis(tmp_path / "tls")
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_a_job_runs_over_tls_to_a_redis_whose_ca_the_url_names(

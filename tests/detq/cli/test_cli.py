@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,9 +197,27 @@ def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_lin
     get_settings.cache_clear()
     argv, env = flower_command(get_settings(), address="127.0.0.1", port=5555)
     assert "--address=127.0.0.1" in argv and not any("hunter2" in arg for arg in argv)
-    # (Flower checks the TLS certificate as every detq process does)
-    assert env["CELERY_BROKER_URL"] == "rediss://:hunter2@queue:6380/0?ssl_cert_reqs=required"
+    # The child reads the broker from detq's settings in its environment (detq.cli.flower_app)
+    assert argv[1:3] == ["-m", "detq.cli.flower_app"]
+    assert env["DETQ_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
     assert env["FLOWER_BASIC_AUTH"] == "ops:secret"
+
+
+def test_flowers_app_carries_a_rediss_urls_tls_settings_as_broker_use_ssl(
+    embedded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from detq.cli.flower_app import flower_app
+
+    # Given a rediss:// broker whose URL names a private CA
+    monkeypatch.setenv("DETQ_BROKER_URL", "rediss://queue:6380/0?ssl_ca_certs=/etc/detq/ca.pem")
+    get_settings.cache_clear()
+    # Then Flower's app holds them where Flower's own Redis connection reads them, checking the certificate
+    options = flower_app(get_settings()).conf.broker_use_ssl
+    assert options == {"ssl_ca_certs": "/etc/detq/ca.pem", "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    # And a plain redis:// broker gets none
+    monkeypatch.setenv("DETQ_BROKER_URL", "redis://queue:6379/0")
+    get_settings.cache_clear()
+    assert flower_app(get_settings()).conf.broker_use_ssl is False  # Celery's default, untouched
 
 
 def test_cancel_ends_pending_images_and_delete_removes_the_job(
