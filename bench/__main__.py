@@ -83,6 +83,14 @@ def selected(name: str, wanted: list[str], names: Collection[str]) -> bool:
     return any(part == name or (part not in names and part in name) for part in wanted)
 
 
+def in_round_order(named: dict[str, Runner], round_: int) -> list[tuple[str, Runner]]:
+    """The runners of a workload in the order a round runs them: as listed in even rounds, reversed in
+    odd ones (ABBA), so that a drift of the machine's speed within a round does not favour the runners
+    listed first over the rounds."""
+    order = list(named.items())
+    return order[::-1] if round_ % 2 else order
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
@@ -145,7 +153,7 @@ def main() -> int:
 
         for round_ in range(args.repeat):  # interleaved: a drift in machine load hits every runner alike
             for workload, named in plan.items():
-                for name, run in named.items():
+                for name, run in in_round_order(named, round_):
                     outcome = run()
                     rate = outcome.rate if isinstance(outcome, deployments.JobRun) else outcome
                     results[workload][name].append(rate)
