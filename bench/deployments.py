@@ -85,9 +85,9 @@ class JobRun:
         return self.images / (self.seconds - self.start_up_s)
 
 
-def first_claim(database_url: str, job_id: int) -> datetime:
+def first_claim(url: str, job_id: int) -> datetime:
     """When the first of the job's images was claimed by a pool process (the ledger's claimed_at)."""
-    engine = sa.create_engine(database_url)
+    engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
             found = conn.execute(sa.select(sa.func.min(Image.claimed_at)).where(Image.job_id == job_id))
@@ -99,7 +99,8 @@ def first_claim(database_url: str, job_id: int) -> datetime:
     return as_utc(claimed)
 
 
-def _database_url(deployment: Deployment) -> str:
+def database_url(deployment: Deployment) -> str:
+    """The ledger's URL of this deployment (its embedded SQLite file where it names no database)."""
     settings = Settings(_env_file=None, data_dir=deployment.data_dir, database_url=deployment.database_url)
     return settings.resolved_database_url
 
@@ -114,7 +115,7 @@ def run_job(deployment: Deployment, photos: Path, processes: int, warm_up: Path 
         status = deployment.run_json("enqueue", str(photos), "--pool", "cpu", "--wait", "--timeout", "3600")
     assert status["done"] == status["total"], status
     finished = datetime.fromisoformat(status["finished_at"]).timestamp()
-    claimed = first_claim(_database_url(deployment), int(status["job_id"])).timestamp()
+    claimed = first_claim(database_url(deployment), int(status["job_id"])).timestamp()
     return JobRun(images=int(status["total"]), start_up_s=claimed - began, seconds=finished - began)
 
 

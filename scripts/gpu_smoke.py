@@ -11,8 +11,9 @@ the same detections (within 1%) as the CPU pool gives for the CPU-saved file (at
 count is reported, not compared). ssdlite: a scripted
 torchvision SSDlite320 (random weights, up to 300 boxes an image) on 1280x960 photos, the throughput
 workload of docs/benchmarks.md; passes when every image is done on a cuda device. Both print a JSON report
-(images_per_s, gpu_busy_percent from nvidia-smi, sampled every 200 ms during the job) and exit 0, or 1
-with the reason.
+(images_per_s, gpu_busy_percent from nvidia-smi, sampled every 200 ms during the job; each also from the
+job's first claimed image on, after the enqueue command's start-up: start_up_s) and exit 0, or 1 with the
+reason.
 
 --rehearse-on-cpu runs every step on the CPU pool instead (the CPU-saved model, no GPU figures): the
 suite runs it (tests/scripts/test_gpu_smoke.py), so that a lent GPU's few minutes go to the GPU, not
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import warnings
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.deployments import JobRun, database_url, first_claim  # noqa: E402
 from bench.photos import write_photos  # noqa: E402
 from demo.shapes import write_dataset  # noqa: E402
 from detq.settings import BUNDLED_MODEL  # noqa: E402
@@ -55,19 +58,31 @@ def save_on_cuda(src: Path, dst: Path) -> None:
         torch.jit.save(module, str(dst), _extra_files=extra)
 
 
+def parse_busy(text: str) -> list[tuple[float, int]]:
+    """nvidia-smi's `timestamp, utilization.gpu` lines as (seconds since the epoch, percent); the
+    timestamp is the machine's local time, as time.time() counts it."""
+    found = []
+    for line in text.splitlines():
+        stamp, _, percent = line.rpartition(",")
+        if stamp.strip() and percent.strip().isdigit():
+            when = datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            found.append((when, int(percent)))
+    return found
+
+
 class BusySampler:
     """nvidia-smi's utilization.gpu of every GPU, sampled while the block runs; mean_percent() after."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[str] | None = None
-        self.samples: list[int] = []
+        self.samples: list[tuple[float, int]] = []  # (when, percent), a line per GPU per sample
 
     def __enter__(self) -> BusySampler:
         try:
             self._proc = subprocess.Popen(
                 [
                     "nvidia-smi",
-                    "--query-gpu=utilization.gpu",
+                    "--query-gpu=timestamp,utilization.gpu",
                     "--format=csv,noheader,nounits",
                     f"-lms={SAMPLE_MS}",
                 ],
@@ -86,24 +101,29 @@ class BusySampler:
             return
         self._proc.terminate()
         out, _ = self._proc.communicate(timeout=10)
-        self.samples = [int(line) for line in out.split() if line.strip().isdigit()]
+        self.samples = parse_busy(out)
 
-    def mean_percent(self) -> float | None:
-        """The mean utilisation over every sample of every GPU, or None when nothing was sampled."""
-        return round(sum(self.samples) / len(self.samples), 1) if self.samples else None
+    def mean_percent(self, since: float | None = None) -> float | None:
+        """The mean utilisation over the samples of every GPU (from `since`, epoch seconds, where given),
+        or None when nothing was sampled."""
+        kept = [percent for when, percent in self.samples if since is None or when >= since]
+        return round(sum(kept) / len(kept), 1) if kept else None
 
 
 def run_gpu_job(
     deployment: Deployment, images: Path, processes: int, pool: str = "gpu"
-) -> tuple[dict[str, Any], float, str, BusySampler]:
-    """The job on the pool (the GPU pool, unless rehearsing): its status, seconds from enqueue to done,
+) -> tuple[dict[str, Any], JobRun, float, str, BusySampler]:
+    """The job on the pool (the GPU pool, unless rehearsing): its status, its times (from `detq enqueue`
+    to its first claimed image and to its last finished one), when that first claim was (epoch seconds),
     the worker's log, the sampler."""
     with running_worker(deployment, pool=pool, concurrency=processes, name=pool) as worker:
         with BusySampler() as busy:
-            began = time.perf_counter()
+            began = time.time()
             status = deployment.run_json("enqueue", str(images), "--pool", pool, "--wait", "--timeout", "600")
-            seconds = time.perf_counter() - began
-        return status, seconds, worker.log(), busy
+        finished = datetime.fromisoformat(status["finished_at"]).timestamp()
+        claimed = first_claim(database_url(deployment), int(status["job_id"])).timestamp()
+        run = JobRun(images=int(status["total"]), start_up_s=claimed - began, seconds=finished - began)
+        return status, run, claimed, worker.log(), busy
 
 
 def main() -> int:
@@ -152,7 +172,7 @@ def main() -> int:
             tested_model = tmp / f"{args.model}_cuda.pt"
             save_on_cuda(cpu_saved, tested_model)
         gpu = Deployment(data_dir=tmp / "gpu", model=tested_model, extra=extra)
-        status, seconds, log, busy = run_gpu_job(gpu, images, processes, pool)
+        status, run, claimed, log, busy = run_gpu_job(gpu, images, processes, pool)
         exported = gpu.run("export", str(status["job_id"]), "--format", "jsonl").stdout
         devices = sorted({json.loads(line)["device"] for line in exported.splitlines() if line})
         cpu_detections = None
@@ -177,8 +197,12 @@ def main() -> int:
         "devices": devices,
         "model_loads": log.count(LOADED_MARK),
         "pool": pool,
-        "images_per_s": round(status["total"] / seconds, 1),
+        "images_per_s": round(run.rate, 1),
+        # The enqueue command's start-up, then the pace and the GPUs' use once the first batch is claimed
+        "start_up_s": round(run.start_up_s, 2),
+        "images_per_s_after_first_claim": round(run.rate_after_first_claim, 1),
         "gpu_busy_percent": busy.mean_percent(),
+        "gpu_busy_percent_after_first_claim": busy.mean_percent(since=claimed),
         "busy_samples": len(busy.samples),
         "detections": status["detections"],
         "detections_cpu_reference": cpu_detections,

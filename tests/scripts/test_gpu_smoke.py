@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,31 @@ def test_the_gpu_smoke_script_rehearsed_on_cpu_passes_and_reports_every_figure(t
     # And its detections match the reference run's, and the figures a GPU run records are all there
     assert report["detections"] == report["detections_cpu_reference"] > 0
     assert report["images_per_s"] > 0
+    # (the enqueue command's start-up apart: the pace from the first claimed image is the faster)
+    assert report["start_up_s"] > 0
+    assert report["images_per_s_after_first_claim"] > report["images_per_s"]
     if shutil.which("nvidia-smi") is None:  # sampled only where the NVIDIA tools are
         assert report["gpu_busy_percent"] is None and report["busy_samples"] == 0
+        assert report["gpu_busy_percent_after_first_claim"] is None
     assert "loaded model" in (tmp_path / "out" / "gpu_worker.log").read_text()
+
+
+def test_nvidia_smi_samples_are_read_with_their_time_and_averaged_from_a_moment_on() -> None:
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    # Given two GPUs sampled twice, 200 ms apart (nvidia-smi's local time), and a line it may end with
+    text = (
+        "2026/12/02 14:50:01.000, 10\n2026/12/02 14:50:01.000, 20\n"
+        "2026/12/02 14:50:01.200, 90\n2026/12/02 14:50:01.200, 100\n"
+    )
+    samples = smoke.parse_busy(text + "\n")
+    moment = datetime(2026, 12, 2, 14, 50, 1, 100_000).timestamp()
+    assert [percent for _, percent in samples] == [10, 20, 90, 100]
+    assert samples[2][0] - samples[0][0] == pytest.approx(0.2)
+    sampler = smoke.BusySampler()
+    sampler.samples = samples
+    # Then the mean is over every sample, or over those from the moment on
+    assert sampler.mean_percent() == 55.0
+    assert sampler.mean_percent(since=moment) == 95.0
