@@ -64,9 +64,13 @@ def parse_busy(text: str) -> list[tuple[float, int]]:
     found = []
     for line in text.splitlines():
         stamp, _, percent = line.rpartition(",")
-        if stamp.strip() and percent.strip().isdigit():
+        if not (stamp.strip() and percent.strip().isdigit()):
+            continue  # a blank line, or [N/A] where a GPU reports no utilisation
+        try:
             when = datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            found.append((when, int(percent)))
+        except ValueError:
+            continue  # a timestamp in another format: that sample is left out, not the whole report
+        found.append((when, int(percent)))
     return found
 
 

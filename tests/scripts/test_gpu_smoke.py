@@ -54,12 +54,13 @@ def test_nvidia_smi_samples_are_read_with_their_time_and_averaged_from_a_moment_
     assert spec is not None and spec.loader is not None
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
-    # Given two GPUs sampled twice, 200 ms apart (nvidia-smi's local time), and a line it may end with
+    # Given two GPUs sampled twice, 200 ms apart (nvidia-smi's local time), a blank line, a timestamp in
+    # another format and a GPU reporting no utilisation (both left out)
     text = (
         "2026/12/02 14:50:01.000, 10\n2026/12/02 14:50:01.000, 20\n"
         "2026/12/02 14:50:01.200, 90\n2026/12/02 14:50:01.200, 100\n"
     )
-    samples = smoke.parse_busy(text + "\n")
+    samples = smoke.parse_busy(text + "\n2026-12-02T14:50:01, 50\n2026/12/02 14:50:01.300, [N/A]\n")
     moment = datetime(2026, 12, 2, 14, 50, 1, 100_000).timestamp()
     assert [percent for _, percent in samples] == [10, 20, 90, 100]
     assert samples[2][0] - samples[0][0] == pytest.approx(0.2)
