@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -114,6 +115,12 @@ def run_job(deployment: Deployment, photos: Path, processes: int, warm_up: Path 
         began = time.time()
         status = deployment.run_json("enqueue", str(photos), "--pool", "cpu", "--wait", "--timeout", "3600")
     assert status["done"] == status["total"], status
+    return job_run(deployment, status, began)
+
+
+def job_run(deployment: Deployment, status: dict[str, Any], began: float) -> JobRun:
+    """The times of a finished job from its `--json` status and the ledger, its enqueue launched at
+    `began` (epoch seconds): its first claim at began + start_up_s."""
     finished = datetime.fromisoformat(status["finished_at"]).timestamp()
     claimed = first_claim(database_url(deployment), int(status["job_id"])).timestamp()
     return JobRun(images=int(status["total"]), start_up_s=claimed - began, seconds=finished - began)

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.deployments import JobRun, database_url, first_claim  # noqa: E402
+from bench.deployments import JobRun, job_run  # noqa: E402
 from bench.photos import write_photos  # noqa: E402
 from demo.shapes import write_dataset  # noqa: E402
 from detq.settings import BUNDLED_MODEL  # noqa: E402
@@ -124,10 +124,8 @@ def run_gpu_job(
         with BusySampler() as busy:
             began = time.time()
             status = deployment.run_json("enqueue", str(images), "--pool", pool, "--wait", "--timeout", "600")
-        finished = datetime.fromisoformat(status["finished_at"]).timestamp()
-        claimed = first_claim(database_url(deployment), int(status["job_id"])).timestamp()
-        run = JobRun(images=int(status["total"]), start_up_s=claimed - began, seconds=finished - began)
-        return status, run, claimed, worker.log(), busy
+        run = job_run(deployment, status, began)
+        return status, run, began + run.start_up_s, worker.log(), busy
 
 
 def main() -> int:
