@@ -11,10 +11,10 @@ from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.cli.base import DetqCommand, examples, load_settings
-from detq.cli.following import follow
+from detq.cli.following import follow, no_worker_hint
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.vocabulary import ExportFormat, Pool, choices
+from detq.vocabulary import ExportFormat, JobState, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.files import write_atomically
@@ -122,6 +122,10 @@ def enqueue(
                 f"job {result.job_id}: {result.total} images queued in {result.batches} batches ({pool})"
             )
         final = follow(led, settings, result.job_id, timeout_s=timeout, quiet=as_json) if wait else None
+        if final is None and result.total and not as_json:
+            hint = no_worker_hint(led, settings, pool)()  # --wait says it as it follows
+            if hint:
+                click.echo(hint, err=True)
     if final is not None:
         payload.update(final.as_dict())
     if as_json:
@@ -152,11 +156,14 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
             job_id = job or latest_job_id(session)
         if job_id is None:
             raise JobNotFound("no jobs yet")
+        hint = None
         if wait:
             current = follow(led, settings, job_id, timeout_s=timeout, quiet=as_json)
         else:
             with led.sessions() as session:
                 current = job_status(session, job_id)
+            if not as_json and current.state not in (JobState.FINISHED, JobState.CANCELLED):
+                hint = no_worker_hint(led, settings, current.pool)()
     if as_json:
         print_json(current.as_dict())
     elif not wait:
@@ -165,6 +172,8 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         click.echo(f"detections {current.detections}, elapsed {current.elapsed_s:.1f} s, roots {roots}")
         if current.closed_reason:
             click.echo(f"closed early: {current.closed_reason}")
+        if hint:
+            click.echo(hint)
     if wait:
         raise SystemExit(exit_code_for(current))
 

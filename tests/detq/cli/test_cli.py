@@ -158,6 +158,36 @@ def test_jobs_status_and_export_on_a_real_embedded_ledger(
     assert capsys.readouterr().err.strip() == "detq status: no job 999"
 
 
+def test_a_job_no_worker_can_take_says_how_to_start_one(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from db.ledger import ledger
+    from db.models import utcnow
+    from db.workers_repo import ROLE_NODE, WorkerIdentity, register_worker
+
+    hint = "no worker is listening on queue cpu: start one with `detq worker --pool cpu`"
+    images = embedded / "images"
+    images.mkdir()
+    write_jpeg(images / "a.jpg", (32, 32))
+    # Given no worker, When a job is enqueued for the cpu pool
+    assert main(["enqueue", str(images), "--pool", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    # Then the job id stays the last line of stdout, and stderr says how to start a worker
+    assert out.splitlines()[-1] == "1" and err.strip() == hint
+    # And its status ends with the same hint
+    assert main(["status"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == hint
+    # When a live cpu node beats in the ledger
+    with ledger(get_settings()) as led, led.sessions.begin() as session:
+        node = WorkerIdentity(ROLE_NODE, "w@host", "host", "key", os.getpid(), "cpu")
+        register_worker(session, node, utcnow())
+    # Then status gives no hint, and --json never carries one
+    assert main(["status"]) == 0
+    assert "no worker" not in capsys.readouterr().out
+    assert main(["status", "--json"]) == 0
+    assert "no worker" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "coco", "coco-dataset"])
 def test_export_of_an_unknown_job_fails_and_leaves_the_file_alone(
     embedded: Path, fmt: str, capsys: pytest.CaptureFixture[str]
