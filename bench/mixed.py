@@ -1,7 +1,8 @@
 """Mixed hardware: one job served by a normal worker and a throttled one, against the normal one alone.
 
 The throttled worker stands for a much slower machine: its pool process runs 5 ms of every 100 ms
-(SIGSTOP/SIGCONT, as cpulimit does), about 20 times slower. Without backups the job waits for the
+(a CPU quota of a cgroup of its own where one can be set, else SIGSTOP/SIGCONT as cpulimit does; see
+tests/integration/throttle.py), about 20 times slower. Without backups the job waits for the
 batch it holds at the end.
 """
 
@@ -13,8 +14,9 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.deployments import redis_postgres
-from tests.integration.faults import Throttle, pool_pids
+from tests.integration.faults import pool_pids
 from tests.integration.harness import running_worker
+from tests.integration.throttle import Throttle
 
 SLOW_SHARE = 0.05
 

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -158,37 +157,3 @@ def check_ledger(
         reasons={row["path"]: row["reason"] for row in rows},
         attempts={row["path"]: row["attempts"] for row in rows},
     )
-
-
-class Throttle:
-    """Slow processes down as a weak machine would: SIGSTOP for most of every 100 ms, SIGCONT for share."""
-
-    def __init__(self, pids: list[int], share: float, period_s: float = 0.1) -> None:
-        self.pids = pids
-        self.run_s = period_s * share
-        self.stop_s = period_s - self.run_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._cycle, daemon=True)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _cycle(self) -> None:
-        while not self._stop.is_set():
-            self._signal(signal.SIGSTOP)
-            time.sleep(self.stop_s)
-            self._signal(signal.SIGCONT)
-            time.sleep(self.run_s)
-
-    def __enter__(self) -> Throttle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._signal(signal.SIGCONT)

@@ -11,7 +11,6 @@ import pytest
 
 from tests.integration.faults import (
     FAST_HEALING,
-    Throttle,
     check_ledger,
     digests,
     pool_pids,
@@ -20,6 +19,7 @@ from tests.integration.faults import (
     write_images,
 )
 from tests.integration.harness import Deployment, running_worker
+from tests.integration.throttle import Throttle
 
 pytestmark = pytest.mark.integration
 
