@@ -64,6 +64,11 @@ class JobState(enum.StrEnum):
     FINISHED = "finished"
     CANCELLED = "cancelled"
 
+    @property
+    def ended(self) -> bool:
+        """No image of the job is left to run: finished, or cancelled."""
+        return self in (JobState.FINISHED, JobState.CANCELLED)
+
 
 class ExportFormat(enum.StrEnum):
     """What `detq export` writes."""

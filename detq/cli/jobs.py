@@ -14,7 +14,7 @@ from detq.cli.base import DetqCommand, examples, load_settings
 from detq.cli.following import follow, no_worker_hint
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.vocabulary import ExportFormat, JobState, Pool, choices
+from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.files import write_atomically
@@ -162,7 +162,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         else:
             with led.sessions() as session:
                 current = job_status(session, job_id)
-            if not as_json and current.state not in (JobState.FINISHED, JobState.CANCELLED):
+            if not as_json and not current.state.ended:
                 hint = no_worker_hint(led, settings, current.pool)()
     if as_json:
         print_json(current.as_dict())
