@@ -105,6 +105,16 @@ def pending_ids_of_batch(session: Session, job_id: int, batch_id: int | None) ->
 
 def assign_batch(session: Session, job_id: int, image_ids: Sequence[int], now: datetime) -> int:
     """Put images recorded without a batch into a new one (not sent yet); its id."""
-    (batch_id,) = create_batches(session, job_id, [len(image_ids)], now)
-    session.execute(update(Image).where(Image.id.in_(list(image_ids))).values(batch_id=batch_id))
+    (batch_id,) = regroup(session, job_id, [image_ids], now)
     return batch_id
+
+
+def regroup(session: Session, job_id: int, groups: Sequence[Sequence[int]], now: datetime) -> list[int]:
+    """Move each group of the job's images into a new batch of its own (not sent yet); their ids, in the
+    order of the groups."""
+    batch_ids = create_batches(session, job_id, [len(group) for group in groups], now)
+    for batch_id, group in zip(batch_ids, groups, strict=True):
+        session.execute(
+            update(Image).where(Image.job_id == job_id, Image.id.in_(list(group))).values(batch_id=batch_id)
+        )
+    return batch_ids

@@ -116,3 +116,23 @@ def claim(
         )
     set_current_batch(session, me, batch_id, now)
     return sorted(won)
+
+
+def release(session: Session, image_ids: Sequence[int], *, me: int) -> list[int]:
+    """Give back claims this process took and ran to no result, its process alive (a batch stopped at its
+    soft time limit): unclaimed, that start not counted as an attempt. Returns the ids released."""
+    if not image_ids:
+        return []
+    return sorted(
+        session.scalars(
+            update(Image)
+            .where(
+                Image.id.in_(list(image_ids)),
+                Image.claimed_by == me,
+                Image.status == ImageStatus.PENDING.value,
+                Image.attempts > 0,
+            )
+            .values(claimed_by=None, claimed_at=None, attempts=Image.attempts - 1)
+            .returning(Image.id)
+        )
+    )

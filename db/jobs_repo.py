@@ -174,16 +174,17 @@ class JobModel:
     model_id: int
     model_sha256: str
     model_path: str
+    pool: str  # the pool whose queue its batches go to (a batch sent again too)
 
 
 def job_model(session: Session, job_id: int) -> JobModel | None:
-    """The job's roots and model, in one statement; None if there is no such job."""
+    """The job's roots, model and pool, in one statement; None if there is no such job."""
     row = session.execute(
-        select(Job.roots, Job.model_id, ModelRecord.sha256, ModelRecord.path)
+        select(Job.roots, Job.model_id, ModelRecord.sha256, ModelRecord.path, Job.pool)
         .join(ModelRecord, ModelRecord.id == Job.model_id)
         .where(Job.id == job_id)
     ).one_or_none()
-    return None if row is None else JobModel(list(row.roots), row.model_id, row.sha256, row.path)
+    return None if row is None else JobModel(list(row.roots), row.model_id, row.sha256, row.path, row.pool)
 
 
 def get_job(session: Session, job_id: int) -> Job | None:

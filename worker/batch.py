@@ -10,7 +10,6 @@ failed with that reason instead of looping for ever.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -19,16 +18,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session
 
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images
-from db.engine import is_transient_error
 from db.images_repo import ImageResult, PendingImage, finalise_results
 from db.jobs_repo import JobModel, job_model
 from db.models import utcnow
 from db.retry import in_transaction
-from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
-from worker.detect import detect_images
+from worker.detect import DetectionTimedOut, detect_images
 from worker.heartbeat import still_running
-from worker.metrics import reason_kind
 from worker.models.loading import ModelLoadError
 from worker.runtime import WorkerRuntime
 
@@ -40,6 +36,20 @@ SOFT_LIMIT_REASON = "batch exceeded the task's soft time limit"
 def died_reason(attempts: int) -> str:
     """The reason of an image whose process died at each of its starts."""
     return f"worker process died {attempts} times while processing this image"
+
+
+class BatchTimedOut(SoftTimeLimitExceeded):
+    """process_batch stopped at the soft time limit, after writing the results it had (report).
+
+    in_flight: the images its detection was on; claimed: those this run claimed (attempts counted).
+    """
+
+    def __init__(self, report: BatchReport, in_flight: list[int], claimed: list[int], pool: str) -> None:
+        super().__init__(f"soft time limit: {report.written} written, {len(in_flight)} images in flight")
+        self.report = report
+        self.in_flight = in_flight
+        self.claimed = claimed
+        self.pool = pool
 
 
 class JobMissing(LookupError):
@@ -75,7 +85,8 @@ def _read_job(session: Session, job_id: int) -> JobModel:
     return job
 
 
-def _claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
+def claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
+    """The batch's pending images, free or held by a live process, as this process sees them now."""
     now = utcnow()
     return claimable_images(
         session,
@@ -100,7 +111,7 @@ def _start(
 ) -> _Start:
     """One transaction: the job, which images are free, and the claim of those never started before."""
     job = _read_job(session, job_id)
-    view = _claim_view(session, runtime, job_id, image_ids)
+    view = claim_view(session, runtime, job_id, image_ids)
     fresh = [i for i in view.free if i.attempts == 0]
     won = (
         set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=utcnow())) if fresh else set()
@@ -116,7 +127,10 @@ def _claim_one(runtime: WorkerRuntime, image: Claimable, batch_id: int | None) -
     return bool(won)
 
 
-def _write(runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]) -> set[int]:
+def write_results(
+    runtime: WorkerRuntime, job_id: int, model_id: int, results: Sequence[ImageResult]
+) -> set[int]:
+    """Finalise these results in one transaction; the ids written (the others were finished first)."""
     if not results:
         return set()
     return in_transaction(
@@ -164,87 +178,47 @@ def process_batch(
     ]
     # Fewest deaths first: batch-mates of a poison image finish before it is tried again.
     suspects = sorted((i for i in view.free if 0 < i.attempts < limit), key=lambda i: (i.attempts, i.id))
+    claimed = [i.id for i in start.fresh]
+    unwritten = list(exhausted)  # results not yet committed: written again if the time limit cuts in
+
+    def write(results: list[ImageResult]) -> None:
+        unwritten.extend(results)
+        report.count(unwritten, write_results(runtime, job_id, job.model_id, unwritten))
+        unwritten.clear()
+
     runtime.stats.current_batch_id = batch_id
     try:
         try:
             model = runtime.model_for(job.model_sha256, job.model_path)
         except ModelLoadError as exc:
-            failed = [
-                ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc))
-                for i in start.fresh + suspects
-            ]
-            report.count(exhausted + failed, _write(runtime, job_id, job.model_id, exhausted + failed))
+            write(
+                [
+                    ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=str(exc))
+                    for i in start.fresh + suspects
+                ]
+            )
             return report
-        results = exhausted + detect_images(runtime, model, _pending(start.fresh), job.roots)
-        report.count(results, _write(runtime, job_id, job.model_id, results))
+        write(detect_images(runtime, model, _pending(start.fresh), job.roots))
         # Not an image that killed a process before: a backup's death is counted in no image's attempts.
         firsts = [i for i in view.held if i.attempts == 1] if backup else []
         if firsts:
             raced = detect_images(runtime, model, _pending(firsts), job.roots)
             report.skipped -= len(raced)  # counted as taken by another process above; count() recounts
-            report.count(raced, _write(runtime, job_id, job.model_id, raced))
+            write(raced)
         for suspect in suspects:
             # Started before by a process that died: alone, and committed alone, in case it is the cause.
             if not _claim_one(runtime, suspect, batch_id):
                 report.skipped += 1
                 continue
-            alone = detect_images(runtime, model, _pending([suspect]), job.roots)
-            report.count(alone, _write(runtime, job_id, job.model_id, alone))
+            claimed.append(suspect.id)
+            write(detect_images(runtime, model, _pending([suspect]), job.roots))
+    except SoftTimeLimitExceeded as exc:
+        # Keep what is finished; run_batch decides what becomes of the rest (worker.time_limit).
+        detection = exc if isinstance(exc, DetectionTimedOut) else None
+        write(detection.results if detection is not None else [])
+        in_flight = detection.in_flight if detection is not None else []
+        raise BatchTimedOut(report, in_flight, claimed, job.pool) from exc
     finally:
         runtime.stats.current_batch_id = None
         runtime.stats.add(report.written)
-    return report
-
-
-def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], reason: str) -> int:
-    """Last resort when a batch cannot finish: its pending images no live process is on fail with reason."""
-    view = in_transaction(runtime.ledger.sessions, lambda s: _claim_view(s, runtime, job_id, image_ids))
-    results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason) for i in view.free]
-    job = in_transaction(runtime.ledger.sessions, lambda s: job_model(s, job_id))
-    if job is None:
-        return 0
-    return len(_write(runtime, job_id, job.model_id, results))
-
-
-def run_batch(
-    runtime: WorkerRuntime, message: BatchMessage, batch_id: int | None = None, *, backup: bool = False
-) -> BatchReport:
-    """The batch task's body: process the batch; on a soft time limit or a bug, fail what is left pending.
-
-    Transient database errors are retried inside (db.retry); one that outlasts the retries leaves the
-    images pending, for a later delivery.
-    """
-    job, ids = message.job_id, message.image_ids
-    started = time.perf_counter()
-    try:
-        report = process_batch(runtime, job, ids, batch_id, backup=backup)
-    except SoftTimeLimitExceeded:
-        failed = fail_pending(runtime, job, ids, SOFT_LIMIT_REASON)
-        log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)
-        if runtime.metrics is not None:
-            runtime.metrics.images.labels(status="failed", reason=reason_kind(SOFT_LIMIT_REASON)).inc(failed)
-        return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
-    except JobMissing as exc:
-        log.error("job %d: batch of %d refused: %s", job, len(ids), exc)
-        return BatchReport()
-    except Exception as exc:
-        if is_transient_error(exc):
-            # The database stayed away past the retries: nothing is failed for that; the images stay
-            # pending and are delivered again.
-            log.error("job %d: batch of %d left pending, the database is unavailable: %s", job, len(ids), exc)
-            raise
-        log.exception("job %d: batch of %d failed", job, len(ids))
-        failed = fail_pending(runtime, job, ids, f"batch error: {type(exc).__name__}: {exc}")
-        return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
-    if runtime.metrics is not None:
-        runtime.metrics.record(report.results, time.perf_counter() - started)
-    log.info(
-        "job %d: batch of %d: %d done, %d failed, %d rejected, %d already finished or taken",
-        job,
-        len(ids),
-        report.done,
-        report.failed,
-        report.rejected,
-        report.skipped,
-    )
     return report

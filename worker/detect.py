@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -14,7 +14,7 @@ from db.images_repo import ImageResult, PendingImage
 from detq.vocabulary import ImageStatus
 from worker.ahead import map_ahead
 from worker.decode import DecodedImage, Geometry, ImageRejected, ImageUnreadable, decode_image
-from worker.inference import InferenceOutcome, forward_batches, pixel_budget, run_model
+from worker.inference import InferenceOutcome, forward_batches, forward_step, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.formats import ModelInput
 from worker.models.loading import LoadedModel
@@ -23,6 +23,24 @@ from worker.rows import decoded_rows
 from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
+
+
+class DetectionTimedOut(SoftTimeLimitExceeded):
+    """The batch's soft time limit fired while its images were being detected: the results finished
+    before it, and the images the detection was on when it fired (an awaited decode, or the forward in
+    hand): the likely cause, where the others had not started or were only decoded ahead."""
+
+    def __init__(self, results: list[ImageResult], in_flight: list[int]) -> None:
+        super().__init__(f"soft time limit with {len(in_flight)} images in flight")
+        self.results = results
+        self.in_flight = in_flight
+
+
+@dataclass
+class _OnNow:
+    """The image ids the detection's own thread is on: awaiting one's decode, or a forward."""
+
+    ids: list[int] = field(default_factory=list)
 
 
 def prepare_image(
@@ -87,9 +105,11 @@ def detect_images(
     (Pillow and OpenCV release the GIL).
     Decoded images go to the model in forwards as soon as one is full (forward_batches: the micro-batch,
     and on a CPU DETQ_CPU_FORWARD_PIXELS).
+    At the soft time limit, DetectionTimedOut carries the results so far and the images in flight.
     """
     results: dict[int, ImageResult] = {}
     cpu_pixels = runtime.settings.cpu_forward_pixels
+    on_now = _OnNow()
 
     def prepare(image: PendingImage) -> tuple[Ready | ImageResult, float]:
         log.debug("detq: pid %d starts image %d: %s", os.getpid(), image.id, image.path)
@@ -107,19 +127,30 @@ def detect_images(
         prepared_all = (
             map(prepare, images) if executor is None else map_ahead(executor, prepare, images, ahead)
         )
-        for image, (prepared, decode_ms) in zip(images, prepared_all, strict=True):
+        taken = iter(prepared_all)
+        for image in images:
+            on_now.ids = [image.id]
+            prepared, decode_ms = next(taken)
+            on_now.ids = []
             if isinstance(prepared, ImageResult):
                 results[image.id] = prepared
             else:
                 yield image, prepared, decode_ms
 
-    batches = forward_batches(
-        decoded(), _model_input, runtime.settings.micro_batch, pixel_budget(model, cpu_pixels)
-    )
-    for chunk in batches:
-        outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
-        for (image, done, decode_ms), outcome in zip(chunk, outcomes, strict=True):
-            results[image.id] = result_for(image, done.geometry, decode_ms, outcome, model)
+    # Forwards the model takes whole: each one's results are recorded as it ends (at the time limit, the
+    # images in flight are those of one forward).
+    step = forward_step(model, runtime.settings.micro_batch)
+    batches = forward_batches(decoded(), _model_input, step, pixel_budget(model, cpu_pixels))
+    try:
+        for chunk in batches:
+            on_now.ids = [image.id for image, _, _ in chunk]
+            outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
+            for (image, done, decode_ms), outcome in zip(chunk, outcomes, strict=True):
+                results[image.id] = result_for(image, done.geometry, decode_ms, outcome, model)
+            on_now.ids = []
+    except SoftTimeLimitExceeded as exc:
+        in_flight = [i for i in on_now.ids if i not in results]
+        raise DetectionTimedOut(list(results.values()), in_flight) from exc
     return [results[image.id] for image in images]
 
 

@@ -85,12 +85,17 @@ def forward_batches(
         yield batch
 
 
+def forward_step(model: LoadedModel, micro_batch: int) -> int:
+    """The most images one forward takes: the micro-batch, or fewer where the model is fixed to fewer."""
+    return max(1, min(micro_batch, model.max_batch or micro_batch))
+
+
 def run_model(
     model: LoadedModel, inputs: Sequence[ModelInput], micro_batch: int, cpu_pixels: int | None = None
 ) -> list[InferenceOutcome]:
     """Detections per image, in forwards of at most micro_batch images (and cpu_pixels of input on a
     CPU: pixel_budget); a failing forward is rerun image by image so one bad input fails alone."""
-    step = max(1, min(micro_batch, model.max_batch or micro_batch))
+    step = forward_step(model, micro_batch)
     outcomes: list[InferenceOutcome] = []
     for chunk in forward_batches(inputs, _same, step, pixel_budget(model, cpu_pixels)):
         began = time.perf_counter()

@@ -1,14 +1,16 @@
-"""The Celery batch task: a thin shell over worker.batch, holding its process's runtime on its base class."""
+"""The Celery batch task: a thin shell over worker.task_body, its process's runtime on its base class."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, Task
 
 from detq.contract import TASK_PROCESS_BATCH, batch_id_of, is_backup, parse_batch_args
-from worker.batch import run_batch
+from dispatch.send import send_batch
 from worker.runtime import WorkerRuntime
+from worker.task_body import run_batch
 
 
 class BatchTask(Task):  # type: ignore[type-arg]
@@ -34,7 +36,12 @@ def register_tasks(app: Celery) -> BatchTask:
     def process_batch_task(self: BatchTask, job_id: Any, image_ids: Any) -> dict[str, int]:
         message = parse_batch_args(job_id, image_ids)
         task_id = self.request.id
-        report = run_batch(self.require_runtime(), message, batch_id_of(task_id), backup=is_backup(task_id))
+
+        def send(job: int, batch: int, ids: Sequence[int], pool: str) -> None:
+            send_batch(self.app, job_id=job, batch_id=batch, image_ids=ids, pool=pool)
+
+        runtime = self.require_runtime()
+        report = run_batch(runtime, message, batch_id_of(task_id), backup=is_backup(task_id), send=send)
         return {"written": report.written, "skipped": report.skipped}
 
     task: Any = app.tasks[TASK_PROCESS_BATCH]

@@ -7,7 +7,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.claims_repo import claim, claimable_images
+from db.claims_repo import claim, claimable_images, release
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from db.models import Image, WorkerRecord, utcnow
@@ -137,3 +137,26 @@ def test_found_counts_the_jobs_images_among_the_ids_whatever_their_status(factor
     # Then the job's three are found, and only its two pending ones are free to start
     assert view.found == 3
     assert [i.id for i in view.free] == ids[1:] and view.busy == 0
+
+
+def test_release_gives_back_only_this_processs_unfinished_claims_uncounted(factory: Factory) -> None:
+    # Given four images claimed by this process, one of them since finished, and one claimed by another
+    job_id, ids = _job(factory, 5)
+    me, other = _worker(factory, 501), _worker(factory, 502)
+    _claim(factory, job_id, ids[:4], me)
+    _claim(factory, job_id, ids[4:], other)
+    with factory() as s, s.begin():
+        s.execute(sa.update(Image).where(Image.id == ids[0]).values(status="done"))
+    # When this process releases all five (a batch stopped at its soft time limit)
+    with factory() as s, s.begin():
+        released = release(s, ids, me=me)
+    # Then only its three pending ones are released: unclaimed, their start not counted
+    assert released == ids[1:4]
+    assert _attempts(factory, ids) == [1, 0, 0, 0, 1]
+    with factory() as s:
+        claimers = list(s.scalars(sa.select(Image.claimed_by).where(Image.id.in_(ids)).order_by(Image.id)))
+    assert claimers == [me, None, None, None, other]
+    # And a released image is free to anyone, its next start its first
+    assert _view(factory, job_id, ids[1:4], other) == (ids[1:4], 0)
+    assert _claim(factory, job_id, ids[1:4], other) == ids[1:4]
+    assert _attempts(factory, ids[1:4]) == [1, 1, 1]

@@ -89,10 +89,10 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
     assert _count(factory, Image) == 0
 
 
-def test_job_model_reads_the_roots_and_the_model_of_a_job(factory: Factory) -> None:
+def test_job_model_reads_the_roots_the_model_and_the_pool_of_a_job(factory: Factory) -> None:
     job_id, model_id, _ = _job(factory, 1, "m")
     with factory() as session:
-        assert job_model(session, job_id) == JobModel(["/d"], model_id, "c" * 64, "/m.pt")
+        assert job_model(session, job_id) == JobModel(["/d"], model_id, "c" * 64, "/m.pt", "cpu")
         assert job_model(session, job_id + 1000) is None
 
 

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import open_ledger
+from db.models import Image
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import Pool
@@ -26,6 +28,12 @@ class Staged:
     job_id: int
     image_ids: list[int]
     names: dict[int, str]  # image id -> file name
+
+
+def ledger_rows(runtime: WorkerRuntime, job_id: int) -> dict[int, Image]:
+    """The job's image rows as the ledger has them now, by id."""
+    with runtime.ledger.sessions() as session:
+        return {i.id: i for i in session.scalars(select(Image).where(Image.job_id == job_id))}
 
 
 @pytest.fixture()

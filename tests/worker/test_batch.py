@@ -1,40 +1,30 @@
-"""process_batch and run_batch against a real SQLite ledger and real TorchScript models, no worker process."""
+"""process_batch against a real SQLite ledger and real TorchScript models, no worker process."""
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import func, select, update
 
 from db.images_repo import ImageResult, record_results
 from db.models import Detection, Image, Job, utcnow
 from db.workers_repo import ROLE_PROCESS, WorkerIdentity, register_worker, set_current_batch
-from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from tests.support import write_corrupt_folder, write_jpeg
-from tests.worker.conftest import Staged
-from worker.batch import fail_pending, process_batch, run_batch
+from tests.worker.conftest import Staged, ledger_rows
+from worker.batch import process_batch
 from worker.heartbeat import host_key
 from worker.runtime import WorkerRuntime
 
 Stage = Callable[..., Staged]
-
-
-def _rows(runtime: WorkerRuntime, job_id: int) -> dict[int, Image]:
-    with runtime.ledger.sessions() as session:
-        return {i.id: i for i in session.scalars(select(Image).where(Image.job_id == job_id))}
 
 
 def _detections(runtime: WorkerRuntime, image_id: int) -> list[tuple[float, float, float, float]]:
@@ -57,7 +47,7 @@ def test_a_batch_ends_every_image_done_with_boxes_in_original_pixels(
     report = process_batch(runtime, job.job_id, job.image_ids)
     # Then each image is done with the fixed box at 25%..75% of its own size, and the job is finished
     assert (report.written, report.done, report.skipped) == (3, 3, 0)
-    rows = _rows(runtime, job.job_id)
+    rows = ledger_rows(runtime, job.job_id)
     for image_id, name in job.names.items():
         w, h = sizes[name]
         assert rows[image_id].status == ImageStatus.DONE
@@ -80,7 +70,7 @@ def test_bad_files_fail_or_are_rejected_alone_and_their_batch_mates_finish(
     # When the batch is processed
     report = process_batch(runtime, job.job_id, job.image_ids)
     # Then each ends in its own terminal state with a reason, and only the good ones have boxes
-    rows = {job.names[i]: row for i, row in _rows(runtime, job.job_id).items()}
+    rows = {job.names[i]: row for i, row in ledger_rows(runtime, job.job_id).items()}
     assert {name: rows[name].status for name in expected} == expected
     assert (
         rows["vanished.jpg"].status == ImageStatus.FAILED and rows["vanished.jpg"].reason == "file not found"
@@ -129,7 +119,7 @@ def test_a_failing_forward_is_rerun_image_by_image_so_only_the_culprit_fails(
     # When the batch is processed (micro-batch 4, then 1)
     report = process_batch(runtime, job.job_id, job.image_ids)
     # Then the narrow image alone failed with the model's reason; the others are done
-    rows = {job.names[i]: row for i, row in _rows(runtime, job.job_id).items()}
+    rows = {job.names[i]: row for i, row in ledger_rows(runtime, job.job_id).items()}
     assert rows["w13.jpg"].status == ImageStatus.FAILED
     assert (rows["w13.jpg"].reason or "").startswith("inference failed:")
     reason = rows["w13.jpg"].reason or ""
@@ -153,91 +143,7 @@ def test_a_redelivered_batch_writes_nothing_twice(
     assert (again.written, again.skipped) == (0, 2)
     with runtime.ledger.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Detection)) == 2
-    assert [row.attempts for row in _rows(runtime, job.job_id).values()] == [1, 1]
-
-
-def test_fail_pending_gives_only_pending_images_a_reason(
-    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
-) -> None:
-    # Given a job of three images of which the first is done
-    for name in ("a.jpg", "b.jpg", "c.jpg"):
-        write_jpeg(tmp_path / name, (64, 64))
-    job = stage(tmp_path, ["a.jpg", "b.jpg", "c.jpg"])
-    process_batch(runtime, job.job_id, job.image_ids[:1])
-    # When the batch is failed as a last resort
-    failed = fail_pending(runtime, job.job_id, job.image_ids, "batch error: boom")
-    # Then the two pending images fail with that reason and the done one is untouched
-    rows = _rows(runtime, job.job_id)
-    assert failed == 2
-    assert rows[job.image_ids[0]].status == ImageStatus.DONE
-    assert [rows[i].reason for i in job.image_ids[1:]] == ["batch error: boom", "batch error: boom"]
-
-
-def test_a_message_for_a_missing_job_writes_nothing(runtime: WorkerRuntime) -> None:
-    report = run_batch(runtime, BatchMessage(job_id=999, image_ids=[1, 2]))
-    assert (report.written, report.skipped) == (0, 0)
-
-
-class _SlowModel(torch.nn.Module):
-    """Answers like the fixed-box model, half a second per call: long enough for a timer to fire."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, images: list[torch.Tensor]) -> Any:
-        time.sleep(0.5)
-        return self.inner(images)
-
-
-@contextmanager
-def _soft_time_limit(seconds: float) -> Iterator[None]:
-    """Raise SoftTimeLimitExceeded in this thread after `seconds`, as billiard's pool does on its signal."""
-
-    def fire(signum: int, frame: Any) -> None:
-        raise SoftTimeLimitExceeded()
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def test_a_soft_time_limit_fails_the_unfinished_images_with_a_timeout_reason(
-    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
-) -> None:
-    # Given a slow model, micro-batches of one, and eight images
-    model = runtime.default_model
-    runtime.models[model.sha256] = replace(model, module=_SlowModel(model.module), max_batch=1)
-    names = [f"{i}.jpg" for i in range(8)]
-    for name in names:
-        write_jpeg(tmp_path / name, (64, 48))
-    job = stage(tmp_path, names)
-    # When the soft time limit fires part-way through the batch
-    with _soft_time_limit(1.2):
-        report = run_batch(runtime, BatchMessage(job.job_id, job.image_ids))
-    # Then every image is terminal, none was blamed for the timeout as a decode or inference error
-    rows = _rows(runtime, job.job_id)
-    assert all(row.status == ImageStatus.FAILED for row in rows.values())
-    assert {row.reason for row in rows.values()} == {"batch exceeded the task's soft time limit"}
-    assert report.failed == 8
-
-
-def test_a_message_naming_another_jobs_images_writes_nothing(
-    runtime: WorkerRuntime, stage: Stage, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Given two jobs, and a hand-made message for the first naming the second's images
-    write_jpeg(tmp_path / "a.jpg", (32, 32))
-    first, second = stage(tmp_path, ["a.jpg"]), stage(tmp_path, ["a.jpg"])
-    # When it is processed
-    report = run_batch(runtime, BatchMessage(first.job_id, second.image_ids))
-    # Then nothing is written, the second job's image is still pending, and the log says why
-    assert report.written == 0
-    assert [row.status for row in _rows(runtime, second.job_id).values()] == [ImageStatus.PENDING]
-    assert "are not images of this job; ignored" in caplog.text
+    assert [row.attempts for row in ledger_rows(runtime, job.job_id).values()] == [1, 1]
 
 
 def test_a_pinned_worker_refuses_a_job_of_another_model(
@@ -249,7 +155,7 @@ def test_a_pinned_worker_refuses_a_job_of_another_model(
     job = stage(tmp_path, ["a.jpg"])
     # When the batch runs, Then its image fails with the pin as the reason, no model is loaded from it
     process_batch(runtime, job.job_id, job.image_ids)
-    (row,) = _rows(runtime, job.job_id).values()
+    (row,) = ledger_rows(runtime, job.job_id).values()
     assert row.status == ImageStatus.FAILED and "DETQ_MODEL_SHA256" in (row.reason or "")
 
 
@@ -282,7 +188,7 @@ def test_a_backup_copy_races_a_live_process_and_the_first_result_wins(
     report = process_batch(runtime, job.job_id, job.image_ids, 5, backup=True)
     # Then the backup finishes them, leaving their claims and attempts as they were
     assert (report.written, report.done, report.skipped) == (2, 2, 0)
-    rows = _rows(runtime, job.job_id)
+    rows = ledger_rows(runtime, job.job_id)
     assert {(r.status, r.attempts, r.claimed_by) for r in rows.values()} == {(ImageStatus.DONE, 1, other)}
     # And the slow process's results, when they come, write nothing: one set of boxes per image
     late = [ImageResult(image_id=i, status=ImageStatus.DONE, width=100, height=80) for i in job.image_ids]
@@ -304,7 +210,7 @@ def test_a_backup_copy_leaves_an_image_that_killed_a_process_before(
     # When a backup copy comes, it does not race them: a death there would count in no image's attempts
     report = process_batch(runtime, job.job_id, job.image_ids, 5, backup=True)
     assert (report.written, report.skipped) == (0, 2)
-    assert {r.status for r in _rows(runtime, job.job_id).values()} == {ImageStatus.PENDING}
+    assert {r.status for r in ledger_rows(runtime, job.job_id).values()} == {ImageStatus.PENDING}
 
 
 def _model_id(runtime: WorkerRuntime, job_id: int) -> int:
