@@ -27,6 +27,21 @@ from tests.integration.harness import DETQ, Deployment, running_worker
 pytestmark = pytest.mark.integration
 
 
+def _quick_and_heavy(
+    deployment: Deployment, tmp_path: Path, quick: int, *, heavy_ms: int, soft_s: int, hard_s: int
+) -> tuple[list[Path], Path]:
+    """quick small images and a wider one the deployment's model takes heavy_ms on, under these limits;
+    all the images (the heavy one last), and the heavy one."""
+    deployment.extra.update(
+        FAST_HEALING | {"DETQ_TASK_SOFT_TIME_LIMIT": str(soft_s), "DETQ_TASK_TIME_LIMIT": str(hard_s)}
+    )
+    deployment.model = save_slow_model(tmp_path / "slow.pt", heavy_ms, wider_than=100)
+    images = write_images(tmp_path / "in", quick)
+    heavy = tmp_path / "in" / "zz_heavy.png"
+    Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)
+    return [*images, heavy], heavy
+
+
 def _status(deployment: Deployment, job_id: int) -> dict[str, object]:
     return dict(deployment.run_json("status", str(job_id)))
 
@@ -62,27 +77,22 @@ def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(embedded: Deployme
 
 
 def test_a_soft_time_limit_fails_only_the_image_that_alone_outlasts_it(
-    embedded: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path
 ) -> None:
     # Given six quick images, one that takes about 4 s, and a soft limit of 1 s (Celery checks its time
     # limits about once a second, and the limit interrupts Python, not a forward: the heavy image must
-    # far outlast it)
-    embedded.extra.update(FAST_HEALING | {"DETQ_TASK_SOFT_TIME_LIMIT": "1", "DETQ_TASK_TIME_LIMIT": "30"})
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 4000, wider_than=100)
-    images = write_images(tmp_path / "in", 6)
-    heavy = tmp_path / "in" / "zz_heavy.png"
-    Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)
-    images.append(heavy)
+    # far outlast it); on both deployments, as a pool process sends the batches again itself
+    images, heavy = _quick_and_heavy(deployment, tmp_path, 6, heavy_ms=4000, soft_s=1, hard_s=30)
     before = digests(images)
     # When they run as one batch
-    with running_worker(embedded, concurrency=1) as worker:
-        status = embedded.run_json(
+    with running_worker(deployment, concurrency=1) as worker:
+        status = deployment.run_json(
             "enqueue", str(tmp_path / "in"), "--batch-size", "7", "--wait", "--timeout", "120", codes=(4,)
         )
         log = worker.log()
     # Then the batch-mates finished (those in the heavy one's forward each sent again alone), and only the
     # heavy one failed, for the time limit, after a batch of its own: never its batch-mates
-    check = check_ledger(embedded, int(status["job_id"]), images, before)
+    check = check_ledger(deployment, int(status["job_id"]), images, before)
     assert check.statuses[str(heavy)] == "failed"
     assert check.reasons[str(heavy)] == "processing this image alone exceeded the task's soft time limit"
     assert {s for p, s in check.statuses.items() if p != str(heavy)} == {"done"}
@@ -95,12 +105,7 @@ def test_a_hard_time_limit_kill_counts_as_a_death_never_a_lost_batch(
     # Given a batch of four quick images and one that takes far longer than the hard time limit
     # (The soft limit leaves the quick ones 3 s: on a loaded machine 1 s was not always enough for them and
     # their transactions, and the heavy one then failed at the soft limit before its forward began.)
-    embedded.extra.update(FAST_HEALING | {"DETQ_TASK_SOFT_TIME_LIMIT": "3", "DETQ_TASK_TIME_LIMIT": "4"})
-    embedded.model = save_slow_model(tmp_path / "slow.pt", 12000, wider_than=100)
-    images = write_images(tmp_path / "in", 4)
-    heavy = tmp_path / "in" / "zz_heavy.png"
-    Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)
-    images.append(heavy)
+    images, heavy = _quick_and_heavy(embedded, tmp_path, 4, heavy_ms=12000, soft_s=3, hard_s=4)
     before = digests(images)
     with running_worker(embedded, concurrency=1):
         job_id = embedded.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "5")["job_id"]

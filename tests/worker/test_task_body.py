@@ -22,7 +22,7 @@ from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from tests.support import write_jpeg
 from tests.worker.conftest import Staged, ledger_rows
-from worker.batch import SOFT_LIMIT_REASON, process_batch
+from worker.batch import SOFT_LIMIT_REASON, BatchReport, process_batch
 from worker.models.loading import LoadedModel
 from worker.runtime import WorkerRuntime
 from worker.task_body import fail_pending, run_batch
@@ -86,16 +86,23 @@ def _images(tmp_path: Path, count: int) -> list[str]:
     return names
 
 
+def _run_timed(
+    runtime: WorkerRuntime, job: Staged, broker: _Broker, *, seconds_an_image: float, limit_s: float
+) -> BatchReport:
+    """Run the job's images as one batch on a model that takes seconds_an_image each, stopped at limit_s."""
+    _slow(runtime, seconds_an_image)
+    with _soft_time_limit(limit_s):
+        return run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
+
+
 def test_a_soft_time_limit_keeps_what_finished_and_sends_the_rest_again_the_image_in_flight_alone(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
     # Given a model of half a second an image and a batch of eight
-    _slow(runtime, 0.5)
     job = stage(tmp_path, _images(tmp_path, 8))
     broker = _Broker()
     # When the soft time limit fires part-way through the batch
-    with _soft_time_limit(1.2):
-        report = run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
+    report = _run_timed(runtime, job, broker, seconds_an_image=0.5, limit_s=1.2)
     # Then what finished before it is done and written, and nothing failed
     rows = ledger_rows(runtime, job.job_id)
     done = [i for i in job.image_ids if rows[i].status == ImageStatus.DONE]
@@ -128,12 +135,10 @@ def test_an_image_alone_in_its_batch_past_the_soft_time_limit_fails_with_that_re
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
     # Given a batch of one image that takes longer than the limit on its own
-    _slow(runtime, 2.0)
     job = stage(tmp_path, _images(tmp_path, 1))
     broker = _Broker()
     # When the soft time limit fires during its forward
-    with _soft_time_limit(0.3):
-        report = run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
+    report = _run_timed(runtime, job, broker, seconds_an_image=2.0, limit_s=0.3)
     # Then it fails alone with the reason, and nothing is sent again
     (row,) = ledger_rows(runtime, job.job_id).values()
     assert (row.status, row.reason) == (ImageStatus.FAILED, ALONE_REASON)
@@ -144,12 +149,10 @@ def test_batches_a_timed_out_batch_cannot_send_are_left_to_the_reconciler(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
     # Given a broker that takes the first batch sent again and refuses the next
-    _slow(runtime, 0.5)
     job = stage(tmp_path, _images(tmp_path, 6))
     broker = _Broker(up_to=1)
     # When the soft time limit fires part-way through the batch
-    with _soft_time_limit(0.8):
-        run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
+    _run_timed(runtime, job, broker, seconds_an_image=0.5, limit_s=0.8)
     # Then no image failed, and the batch not sent is in the ledger with its images, never sent: the
     # reconciler sends a batch no message delivers (dispatch.reconcile)
     rows = ledger_rows(runtime, job.job_id)
