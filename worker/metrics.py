@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker: images by outcome, batch, decode and inference times, model loads, queues.
+"""Prometheus metrics of a worker: images by outcome, batch, decode and inference times, time limits, model
+loads, queues.
 
 Pool processes write their numbers to files in a folder the node made (prometheus_client's multiprocess
 mode); the node serves them, with the depth of each queue read from the broker at scrape time.
@@ -51,6 +52,12 @@ class ProcessMetrics:
         )
         self.infer = Histogram(
             "detq_inference_seconds", "Seconds of model time per image", buckets=SECONDS, registry=None
+        )
+        self.time_limits = Counter(
+            "detq_time_limits_total",
+            "Batches stopped at the soft time limit, by what became of the rest: sent_again or failed",
+            ["outcome"],
+            registry=None,
         )
         self.model_load = Histogram(
             "detq_model_load_seconds", "Seconds to load and warm up a model", buckets=SECONDS, registry=None

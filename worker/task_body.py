@@ -57,6 +57,8 @@ def _after_time_limit(
     if len(ids) > 1:
         again = send_again(runtime, job, timed_out.pool, view.free, in_flight, timed_out.claimed, send)
         if again.alone:
+            if runtime.metrics is not None:
+                runtime.metrics.time_limits.labels(outcome="sent_again").inc()
             log.warning(
                 "job %d: batch of %d hit the soft time limit, %d results written; sent again: the %d images"
                 " it was on one a batch, %d others together",
@@ -67,14 +69,23 @@ def _after_time_limit(
                 len(again.together),
             )
             return report
-    reason = ALONE_REASON if in_flight and len(ids) == 1 else SOFT_LIMIT_REASON
-    failed = fail_pending(runtime, job, ids, reason)
-    log.error("job %d: batch of %d hit the soft time limit; %d failed: %s", job, len(ids), failed, reason)
-    if runtime.metrics is not None:
-        runtime.metrics.images.labels(status="failed", reason=reason_kind(reason)).inc(failed)
+    failed = _fail_at_time_limit(
+        runtime, message, ALONE_REASON if in_flight and len(ids) == 1 else SOFT_LIMIT_REASON
+    )
     report.written += failed
     report.failed += failed
     return report
+
+
+def _fail_at_time_limit(runtime: WorkerRuntime, message: BatchMessage, reason: str) -> int:
+    """Fail what the batch left pending for its time limit; how many failed."""
+    job, ids = message.job_id, message.image_ids
+    failed = fail_pending(runtime, job, ids, reason)
+    log.error("job %d: batch of %d hit the soft time limit; %d failed: %s", job, len(ids), failed, reason)
+    if runtime.metrics is not None:
+        runtime.metrics.time_limits.labels(outcome="failed").inc()
+        runtime.metrics.images.labels(status="failed", reason=reason_kind(reason)).inc(failed)
+    return failed
 
 
 def run_batch(
@@ -103,10 +114,7 @@ def run_batch(
         return report
     except SoftTimeLimitExceeded:
         # Before any image started (reading the job, claiming): nothing says which image is to blame.
-        failed = fail_pending(runtime, job, ids, SOFT_LIMIT_REASON)
-        log.error("job %d: batch of %d hit the soft time limit; %d images failed", job, len(ids), failed)
-        if runtime.metrics is not None:
-            runtime.metrics.images.labels(status="failed", reason=reason_kind(SOFT_LIMIT_REASON)).inc(failed)
+        failed = _fail_at_time_limit(runtime, message, SOFT_LIMIT_REASON)
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
     except JobMissing as exc:
         log.error("job %d: batch of %d refused: %s", job, len(ids), exc)

@@ -23,6 +23,7 @@ from detq.vocabulary import ImageStatus
 from tests.support import write_jpeg
 from tests.worker.conftest import Staged, ledger_rows
 from worker.batch import SOFT_LIMIT_REASON, BatchReport, process_batch
+from worker.metrics import ProcessMetrics
 from worker.models.loading import LoadedModel
 from worker.runtime import WorkerRuntime
 from worker.task_body import fail_pending, run_batch
@@ -79,6 +80,13 @@ class _Broker:
         self.sent.append((job_id, batch_id, list(image_ids), pool))
 
 
+def _time_limits(runtime: WorkerRuntime) -> dict[str, float]:
+    """detq_time_limits_total by outcome, as this process counted it."""
+    assert runtime.metrics is not None
+    (family,) = runtime.metrics.time_limits.collect()
+    return {s.labels["outcome"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
 def _images(tmp_path: Path, count: int) -> list[str]:
     names = [f"{i}.jpg" for i in range(count)]
     for name in names:
@@ -98,9 +106,10 @@ def _run_timed(
 def test_a_soft_time_limit_keeps_what_finished_and_sends_the_rest_again_the_image_in_flight_alone(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
-    # Given a model of half a second an image and a batch of eight
+    # Given a model of half a second an image and a batch of eight, in a process that counts metrics
     job = stage(tmp_path, _images(tmp_path, 8))
     broker = _Broker()
+    runtime.metrics = ProcessMetrics()
     # When the soft time limit fires part-way through the batch
     report = _run_timed(runtime, job, broker, seconds_an_image=0.5, limit_s=1.2)
     # Then what finished before it is done and written, and nothing failed
@@ -119,6 +128,7 @@ def test_a_soft_time_limit_keeps_what_finished_and_sends_the_rest_again_the_imag
     with runtime.ledger.sessions() as session:
         sends = dict(session.execute(select(Batch.id, Batch.sends)).tuples().all())
     assert (sends[alone_batch], sends[rest_batch]) == (1, 1)
+    assert _time_limits(runtime) == {"sent_again": 1.0}
     # When a worker runs the batches sent, with time enough
     for _, batch_id, ids, _ in broker.sent:
         run_batch(runtime, BatchMessage(job.job_id, ids), batch_id, send=broker)
@@ -137,12 +147,14 @@ def test_an_image_alone_in_its_batch_past_the_soft_time_limit_fails_with_that_re
     # Given a batch of one image that takes longer than the limit on its own
     job = stage(tmp_path, _images(tmp_path, 1))
     broker = _Broker()
+    runtime.metrics = ProcessMetrics()
     # When the soft time limit fires during its forward
     report = _run_timed(runtime, job, broker, seconds_an_image=2.0, limit_s=0.3)
     # Then it fails alone with the reason, and nothing is sent again
     (row,) = ledger_rows(runtime, job.job_id).values()
     assert (row.status, row.reason) == (ImageStatus.FAILED, ALONE_REASON)
     assert (report.failed, broker.sent) == (1, [])
+    assert _time_limits(runtime) == {"failed": 1.0}
 
 
 def test_batches_a_timed_out_batch_cannot_send_are_left_to_the_reconciler(
