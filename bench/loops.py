@@ -28,8 +28,9 @@ MAX_PIX, MAX_BYTES = 10**9, 10**10  # no policy limit on the benchmark photos
 
 
 def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
-    """Images/s of the loop people write first: Pillow full decode, one image at a time, the model, rows."""
-    model = load_model_for_device(model_path, "cpu")
+    """Images/s of the loop people write first: Pillow full decode, one image at a time, the model, rows
+    (the model as it was saved: no channels_last, which people's first loop does not try)."""
+    model = load_model_for_device(model_path, "cpu", channels_last=False)
     began = time.perf_counter()
     for photo in photos:
         with Image.open(photo) as img:

@@ -12,17 +12,7 @@ from typing import Any
 
 from detq.broker_url import verified_tls
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
-from detq.setting_values import (
-    boolean,
-    choice,
-    integer,
-    number,
-    optional,
-    path,
-    read_values,
-    setting,
-    text,
-)
+from detq.setting_values import boolean, choice, integer, number, optional, path, read_values, setting, text
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
@@ -147,6 +137,14 @@ class Settings:
         doc=(
             "Freeze TorchScript models and optimise them for CPU inference where that runs faster (timed at"
             " load); scores move by about 1e-6, so a box right at a threshold may flip (docs/models.md)."
+        ),
+    )
+    cpu_channels_last: bool = setting(
+        True,
+        read=boolean,
+        doc=(
+            "On a CPU, try each model's convolution weights in channels_last at load, kept only where its"
+            " outputs stay bit for bit the same on probe images and it runs faster (docs/models.md)."
         ),
     )
     precision: Precision = setting(

@@ -92,13 +92,15 @@ class WorkerRuntime:
 
 
 def load_configured(settings: Settings, path: Path, device: str, sha256: str | None = None) -> LoadedModel:
-    """A model loaded as these settings ask: metadata overrides, DETQ_CPU_OPTIMIZE and DETQ_PRECISION."""
+    """A model loaded as these settings ask: metadata overrides, DETQ_CPU_OPTIMIZE, DETQ_CPU_CHANNELS_LAST
+    and DETQ_PRECISION."""
     return load_model_for_device(
         path,
         device,
         sha256=sha256,
         overrides=meta_overrides(settings),
         cpu_optimize=settings.cpu_optimize,
+        channels_last=settings.cpu_channels_last,
         precision=settings.precision,
         micro_batch=settings.micro_batch,
     )

@@ -17,7 +17,8 @@ from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind
 from detq.vocabulary import ModelFormat, Precision
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, adapter_for
-from worker.models.introspect import torchvision_input_size
+from worker.models.introspect import torchvision_fixed_size, torchvision_input_size
+from worker.models.layout import channels_last_where_exact, probe_forwards
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
 from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
@@ -173,11 +174,13 @@ def load_model_for_device(
     cpu_optimize: bool = False,
     precision: Precision = Precision.FP32,
     micro_batch: int = 1,
+    channels_last: bool = True,
 ) -> LoadedModel:
     """Load with the device remapped, repair baked device constants, settle the format, warm up once at
     micro_batch images;
     with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled; at a reduced
-    precision, wrap it to run under autocast, taking and giving float32."""
+    precision, wrap it to run under autocast, taking and giving float32; with channels_last on a CPU at
+    fp32, convolution weights in channels_last where the outputs stay the same (worker.models.layout)."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -228,6 +231,14 @@ def load_model_for_device(
             )
             notes.extend([verdict] if verdict else [])
         max_batch = _warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
+        # Only where every forward has the probes' shapes (a fixed input): a layout exact at one shape
+        # is not known to be at another, as the convolutions oneDNN picks depend on the shapes.
+        fixed_shape = meta.fixed_input or torchvision_fixed_size(module) is not None
+        if channels_last and fixed_shape and target.type == "cpu" and precision is Precision.FP32:
+            size = meta.fixed_input_size() if meta.fixed_input else TORCHVISION_PROBE_SIZE
+            counts = sorted({1, max(1, min(micro_batch, max_batch or micro_batch))})
+            note = channels_last_where_exact(module, probe_forwards(adapter, size, target, counts), path.name)
+            notes.extend([note] if note else [])
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:

@@ -1,0 +1,131 @@
+"""Convolution weights in channels_last on a CPU, kept only where the outputs stay bit for bit the same.
+
+oneDNN then runs the convolutions on NHWC activations without reordering them at every layer: SSDlite's
+forward ran 1.11x as fast here, its boxes, scores and labels identical. Where the layout changes the
+arithmetic (a YOLOv8n export's outputs moved by 0.05 px) or is no faster, the model stays as it was: the
+choice is made per model at load, on probe inputs of random pixels at the batch sizes the worker runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from worker.models.formats import FormatAdapter
+
+log = logging.getLogger(__name__)
+
+# channels_last is given up where its probe forward is this much slower than the model as it was. Where
+# the outputs are the same bit for bit, the convolutions are the same; the layout saves reorders, and
+# more so at larger batches (SSDlite: 1.05x at one image, 1.10x at 4, 1.13x at 8), so a single image's
+# timing only guards against a loss.
+MAX_LOSS = 0.05
+WARM_CALLS, TIMED_CALLS = 1, 3
+
+
+def conv_weights(module: Any) -> list[torch.Tensor]:
+    """The module's 4-D floating-point parameters: convolution weights."""
+    return [p for p in module.parameters() if p.dim() == 4 and p.is_floating_point()]
+
+
+def relayout(weights: Sequence[torch.Tensor], memory_format: torch.memory_format) -> None:
+    """Store each weight in memory_format, in place (the module keeps its parameter objects)."""
+    with torch.no_grad():
+        for weight in weights:
+            weight.data = weight.data.contiguous(memory_format=memory_format)
+
+
+def same_outputs(a: Any, b: Any) -> bool:
+    """Whether two model outputs (tensors in lists, tuples and dicts) are equal bit for bit."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_outputs(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_outputs(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _changes_outputs(
+    module: Any, weights: Sequence[torch.Tensor], runs: Sequence[Callable[[Any], Any]]
+) -> bool:
+    """Whether any probe's outputs differ between the two layouts (the cheapest probe first, so a model
+    that changes is told after one image); the weights are left in channels_last."""
+    for run in runs:
+        relayout(weights, torch.contiguous_format)
+        expected = run(module)
+        relayout(weights, torch.channels_last)
+        if not same_outputs(expected, run(module)):
+            return True
+    return False
+
+
+def _median_seconds(
+    module: Any, weights: Sequence[torch.Tensor], run: Callable[[Any], Any], clock: Callable[[], float]
+) -> dict[torch.memory_format, float]:
+    """Median seconds of run in each layout, the two alternated; the weights left in channels_last."""
+    times: dict[torch.memory_format, list[float]] = {torch.contiguous_format: [], torch.channels_last: []}
+    for _ in range(WARM_CALLS):
+        run(module)
+    for _ in range(TIMED_CALLS):
+        for layout in (torch.contiguous_format, torch.channels_last):
+            relayout(weights, layout)
+            began = clock()
+            run(module)
+            times[layout].append(clock() - began)
+    return {layout: statistics.median(seconds) for layout, seconds in times.items()}
+
+
+def probe_forwards(
+    adapter: FormatAdapter, size: tuple[int, int], device: torch.device, counts: Sequence[int]
+) -> list[Callable[[Any], Any]]:
+    """A forward for each count: that many images of seeded random pixels of size (height, width), fed
+    as the worker feeds them (the format's shrink and collate)."""
+    return [_forward_of(_noise_batch(adapter, size, device, count)) for count in counts]
+
+
+def _noise_batch(adapter: FormatAdapter, size: tuple[int, int], device: torch.device, count: int) -> Any:
+    pixels = np.random.default_rng(count).integers(0, 256, (count, size[0], size[1], 3), dtype=np.uint8)
+    return adapter.collate([adapter.shrink(Image.fromarray(p)) for p in pixels], device)
+
+
+def _forward_of(inputs: Any) -> Callable[[Any], Any]:
+    return lambda module: module(inputs)
+
+
+def channels_last_where_exact(
+    module: Any,
+    runs: Sequence[Callable[[Any], Any]],
+    name: str,
+    clock: Callable[[], float] = time.perf_counter,
+) -> str:
+    """Leave the module's convolution weights in channels_last where every probe in runs (cheapest first)
+    gives the same outputs bit for bit and the first is not MAX_LOSS slower; else as they were. Returns a
+    note of what was chosen ("" when the module has no convolution weights)."""
+    weights = conv_weights(module)
+    if not weights or not runs:
+        return ""
+    try:
+        with torch.inference_mode():
+            changed = _changes_outputs(module, weights, runs)
+            seconds = None if changed else _median_seconds(module, weights, runs[0], clock)
+    except Exception as exc:  # noqa: BLE001 - a graph that cannot take the layout runs as it was
+        relayout(weights, torch.contiguous_format)
+        log.warning("detq: %s cannot run in channels_last, running it as it was: %s", name, exc)
+        return f"channels_last: fails here ({type(exc).__name__}), left as it was"
+    if seconds is None:
+        relayout(weights, torch.contiguous_format)
+        return "channels_last: would change the outputs, left as it was"
+    before, after = seconds[torch.contiguous_format], seconds[torch.channels_last]
+    verdict = f"{before * 1000:.0f} ms a probe forward as it was, {after * 1000:.0f} ms in channels_last"
+    if after <= before * (1 + MAX_LOSS):
+        return f"channels_last: the same outputs ({verdict})"
+    relayout(weights, torch.contiguous_format)
+    return f"channels_last: the same outputs but slower, left as it was ({verdict})"
