@@ -171,6 +171,7 @@ def inspect(
         precision=Precision(precision),
         cpu_optimize=cpu_optimize,
         micro_batch=micro_batch or load_settings().micro_batch,
+        channels_last=load_settings().cpu_channels_last,  # as the workers of this environment would
     )
     if as_json:
         print_json(report)

@@ -29,6 +29,7 @@ def inspect_model(
     precision: Precision = Precision.FP32,
     cpu_optimize: bool = False,
     micro_batch: int = 1,
+    channels_last: bool = True,
 ) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
@@ -51,6 +52,7 @@ def inspect_model(
             precision=precision,
             cpu_optimize=cpu_optimize,
             micro_batch=micro_batch,
+            channels_last=channels_last,
         )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))
