@@ -97,8 +97,10 @@ def _images(tmp_path: Path, count: int) -> list[str]:
 def _run_timed(
     runtime: WorkerRuntime, job: Staged, broker: _Broker, *, seconds_an_image: float, limit_s: float
 ) -> BatchReport:
-    """Run the job's images as one batch on a model that takes seconds_an_image each, stopped at limit_s."""
+    """Run the job's images as one batch on a model that takes seconds_an_image each, stopped at limit_s,
+    in a process that counts metrics."""
     _slow(runtime, seconds_an_image)
+    runtime.metrics = ProcessMetrics()
     with _soft_time_limit(limit_s):
         return run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
 
@@ -106,10 +108,9 @@ def _run_timed(
 def test_a_soft_time_limit_keeps_what_finished_and_sends_the_rest_again_the_image_in_flight_alone(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
-    # Given a model of half a second an image and a batch of eight, in a process that counts metrics
+    # Given a model of half a second an image and a batch of eight
     job = stage(tmp_path, _images(tmp_path, 8))
     broker = _Broker()
-    runtime.metrics = ProcessMetrics()
     # When the soft time limit fires part-way through the batch
     report = _run_timed(runtime, job, broker, seconds_an_image=0.5, limit_s=1.2)
     # Then what finished before it is done and written, and nothing failed
@@ -147,7 +148,6 @@ def test_an_image_alone_in_its_batch_past_the_soft_time_limit_fails_with_that_re
     # Given a batch of one image that takes longer than the limit on its own
     job = stage(tmp_path, _images(tmp_path, 1))
     broker = _Broker()
-    runtime.metrics = ProcessMetrics()
     # When the soft time limit fires during its forward
     report = _run_timed(runtime, job, broker, seconds_an_image=2.0, limit_s=0.3)
     # Then it fails alone with the reason, and nothing is sent again
