@@ -1,9 +1,10 @@
 """Convolution weights in channels_last on a CPU, kept only where the outputs stay bit for bit the same.
 
 oneDNN then runs the convolutions on NHWC activations without reordering them at every layer: SSDlite's
-forward ran 1.11x as fast here, its boxes, scores and labels identical. Where the layout changes the
-arithmetic (a YOLOv8n export's outputs moved by 0.05 px) or is no faster, the model stays as it was: the
-choice is made per model at load, on probe inputs of random pixels at the batch sizes the worker runs.
+forward ran 1.05x to 1.13x as fast here at one to eight images (about 1.03x end to end with two pool
+processes), its boxes, scores and labels identical. Where the layout changes the arithmetic (a YOLOv8n
+export's outputs moved by 0.05 px) or is slower, the model stays as it was: the choice is made per model at
+load, on probe inputs of random pixels at the batch sizes the worker runs.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from worker.models.formats import FormatAdapter
 
 log = logging.getLogger(__name__)
 
-# channels_last is given up where its probe forward is this much slower than the model as it was. Where
-# the outputs are the same bit for bit, the convolutions are the same; the layout saves reorders, and
-# more so at larger batches (SSDlite: 1.05x at one image, 1.10x at 4, 1.13x at 8), so a single image's
-# timing only guards against a loss.
+# channels_last is given up where its probe forward is this much slower than the model as it was. Outputs
+# the same bit for bit point to the same arithmetic, the layout saving only reorders, and more so at larger
+# batches (SSDlite: 1.05x at one image, 1.10x at 4, 1.13x at 8), so a single image's timing only guards
+# against a loss.
 MAX_LOSS = 0.05
 WARM_CALLS, TIMED_CALLS = 1, 3
 
