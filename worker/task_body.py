@@ -52,9 +52,9 @@ def _after_time_limit(
     in its batch fails (ALONE_REASON); so does the rest when nothing says which image held it up."""
     job, ids = message.job_id, message.image_ids
     report = timed_out.report
-    view = in_transaction(runtime.ledger.sessions, lambda s: claim_view(s, runtime, job, ids))
     in_flight = timed_out.in_flight
-    if len(ids) > 1:
+    if len(ids) > 1 and in_flight:
+        view = in_transaction(runtime.ledger.sessions, lambda s: claim_view(s, runtime, job, ids))
         again = send_again(runtime, job, timed_out.pool, view.free, in_flight, timed_out.claimed, send)
         if again.alone:
             if runtime.metrics is not None:
@@ -109,9 +109,6 @@ def run_batch(
         report = process_batch(runtime, job, ids, batch_id, backup=backup)
     except BatchTimedOut as timed_out:
         report = _after_time_limit(runtime, message, timed_out, send)
-        if runtime.metrics is not None:
-            runtime.metrics.record(report.results, time.perf_counter() - started)
-        return report
     except SoftTimeLimitExceeded:
         # Before any image started (reading the job, claiming): nothing says which image is to blame.
         failed = _fail_at_time_limit(runtime, message, SOFT_LIMIT_REASON)

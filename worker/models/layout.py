@@ -10,7 +10,6 @@ load, on probe inputs of random pixels at the batch sizes the worker runs.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 from PIL import Image
 
 from worker.models.formats import FormatAdapter
+from worker.models.optimize import alternated_medians
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +68,21 @@ def _changes_outputs(
     return False
 
 
-def _median_seconds(
+LAYOUTS = (torch.contiguous_format, torch.channels_last)
+
+
+def _timed(
     module: Any, weights: Sequence[torch.Tensor], run: Callable[[Any], Any], clock: Callable[[], float]
-) -> dict[torch.memory_format, float]:
-    """Median seconds of run in each layout, the two alternated; the weights left in channels_last."""
-    times: dict[torch.memory_format, list[float]] = {torch.contiguous_format: [], torch.channels_last: []}
-    for _ in range(WARM_CALLS):
-        run(module)
-    for _ in range(TIMED_CALLS):
-        for layout in (torch.contiguous_format, torch.channels_last):
-            relayout(weights, layout)
-            began = clock()
-            run(module)
-            times[layout].append(clock() - began)
-    return {layout: statistics.median(seconds) for layout, seconds in times.items()}
+) -> list[float]:
+    """Median seconds of run as the weights were and in channels_last, alternated (optimize's timing);
+    the weights are left in channels_last."""
+    return alternated_medians(
+        [lambda: run(module)] * 2,
+        clock,
+        warm=WARM_CALLS,
+        timed=TIMED_CALLS,
+        enter=lambda index: relayout(weights, LAYOUTS[index]),
+    )
 
 
 def probe_forwards(
@@ -116,7 +117,7 @@ def channels_last_where_exact(
     try:
         with torch.inference_mode():
             changed = _changes_outputs(module, weights, runs)
-            seconds = None if changed else _median_seconds(module, weights, runs[0], clock)
+            seconds = None if changed else _timed(module, weights, runs[0], clock)
     except Exception as exc:  # noqa: BLE001 - a graph that cannot take the layout runs as it was
         relayout(weights, torch.contiguous_format)
         log.warning("detq: %s cannot run in channels_last, running it as it was: %s", name, exc)
@@ -124,7 +125,7 @@ def channels_last_where_exact(
     if seconds is None:
         relayout(weights, torch.contiguous_format)
         return "channels_last: would change the outputs, left as it was"
-    before, after = seconds[torch.contiguous_format], seconds[torch.channels_last]
+    before, after = seconds
     verdict = f"{before * 1000:.0f} ms a probe forward as it was, {after * 1000:.0f} ms in channels_last"
     if after <= before * (1 + MAX_LOSS):
         return f"channels_last: the same outputs ({verdict})"

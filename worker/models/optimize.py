@@ -7,7 +7,7 @@ import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,35 @@ def optimized_for_cpu(module: Any, name: str) -> tuple[Any, str]:
         return module, f"DETQ_CPU_OPTIMIZE: cannot be frozen ({type(exc).__name__}), left as it is"
 
 
+def alternated_medians(
+    calls: Sequence[Callable[[], object]],
+    clock: Callable[[], float] = time.perf_counter,
+    *,
+    warm: int = WARM_CALLS,
+    timed: int = TIMED_CALLS,
+    enter: Callable[[int], None] | None = None,
+) -> list[float]:
+    """Median seconds of each call: `warm` rounds, then `timed` rounds, each round calling every one in
+    turn, so that a change in the machine's load hits them alike. enter(i), untimed, comes before each
+    call of calls[i] (to switch what that call runs)."""
+
+    def seconds(index: int) -> float:
+        if enter is not None:
+            enter(index)
+        began = clock()
+        calls[index]()
+        return clock() - began
+
+    for _ in range(warm):
+        for index in range(len(calls)):
+            seconds(index)
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(timed):
+        for index in range(len(calls)):
+            times[index].append(seconds(index))
+    return [statistics.median(each) for each in times]
+
+
 def faster_of(
     original: Any,
     optimized: Any,
@@ -49,16 +78,7 @@ def faster_of(
     graph ran at 0.7x on 2 cores (docs/benchmarks.md), while SSDlite gained."""
     if optimized is original:
         return original, ""
-    for _ in range(WARM_CALLS):
-        run(original)
-        run(optimized)
-    times: dict[int, list[float]] = {id(original): [], id(optimized): []}
-    for _ in range(TIMED_CALLS):
-        for module in (original, optimized):
-            began = clock()
-            run(module)
-            times[id(module)].append(clock() - began)
-    before, after = statistics.median(times[id(original)]), statistics.median(times[id(optimized)])
+    before, after = alternated_medians([lambda: run(original), lambda: run(optimized)], clock)
     verdict = f"{before * 1000:.0f} ms a forward as it was, {after * 1000:.0f} ms optimised"
     if after <= before * (1 - MIN_GAIN):
         return optimized, f"DETQ_CPU_OPTIMIZE: kept the optimised graph ({verdict})"
