@@ -27,7 +27,9 @@ class _Detector:
         from worker.models.loading import load_model_for_device
 
         torch.set_num_threads(1)
-        self.model = load_model_for_device(Path(model_path), "cpu", channels_last=False)  # as saved
+        self.model = load_model_for_device(
+            Path(model_path), "cpu", channels_last=False, sampled_resize=False
+        )  # as saved
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         from PIL import Image

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -12,32 +11,11 @@ from typing import Any
 
 from detq.broker_url import verified_tls
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.setting_sources import ENV_FILE, PREFIX, environment
 from detq.setting_values import boolean, choice, integer, number, optional, path, read_values, setting, text
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
-PREFIX = "DETQ_"
-ENV_FILE = ".env"
-
-
-def _prefixed(pairs: Mapping[str, str | None]) -> dict[str, str]:
-    """DETQ_<NAME>=value pairs as field name -> value, names in any case; an empty value is no value."""
-    return {
-        name[len(PREFIX) :].lower(): value
-        for name, value in pairs.items()
-        if value and name.upper().startswith(PREFIX)
-    }
-
-
-def environment(env_file: str | Path | None = ENV_FILE) -> dict[str, str]:
-    """The settings' values from the environment, over those of env_file where it exists."""
-    found: dict[str, str] = {}
-    if env_file is not None and Path(env_file).is_file():
-        from dotenv import dotenv_values  # only where a .env file exists
-
-        found.update(_prefixed(dotenv_values(env_file)))
-    found.update(_prefixed(os.environ))
-    return found
 
 
 def _user_data_dir() -> Path:
@@ -145,6 +123,14 @@ class Settings:
         doc=(
             "On a CPU, try each model's convolution weights in channels_last at load, kept only where its"
             " outputs stay bit for bit the same on probe images and it runs faster (docs/models.md)."
+        ),
+    )
+    cpu_sampled_resize: bool = setting(
+        True,
+        read=boolean,
+        doc=(
+            "On a CPU, make a fixed-size torchvision detector's input (SSD, SSDlite) ahead from the pixels"
+            " its resize reads, kept where its outputs stay bit for bit the same on probes (docs/models.md)."
         ),
     )
     precision: Precision = setting(

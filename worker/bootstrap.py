@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ class PoolBootstrap:
             from PIL import Image
 
             from worker.jpeg import exact_jpeg_decoder
+            from worker.models.sampled_resize import SCRATCH
             from worker.runtime import WorkerRuntime, load_configured
 
             kept = keep_large_buffers()
@@ -112,7 +114,7 @@ class PoolBootstrap:
             )
             runtime.worker_id = runtime.heartbeat.start()
             if kept:
-                runtime.idle_trim = IdleTrim(runtime.stats.idle_since, give_back_free_memory)
+                runtime.idle_trim = IdleTrim(runtime.stats.idle_since, _give_back(SCRATCH.release))
                 runtime.idle_trim.start()
             if self.settings.metrics_port is not None:
                 runtime.metrics = ProcessMetrics()
@@ -146,3 +148,13 @@ class PoolBootstrap:
         if runtime is not None:
             self.task.runtime = None
             runtime.close()
+
+
+def _give_back(release: Callable[[], None]) -> Callable[[], bool]:
+    """What an idle process gives back: `release`'s buffers first, then its free heap."""
+
+    def give_back() -> bool:
+        release()
+        return give_back_free_memory()
+
+    return give_back

@@ -42,7 +42,8 @@ def forward_inputs(model: LoadedModel, inputs: Sequence[ModelInput]) -> list[Raw
 
 
 def input_pixels(item: ModelInput) -> int:
-    """Pixels of one model input (a full-size image for torchvision models, else the model's input)."""
+    """Pixels of one model input: the model's input, or a full-size image where a torchvision model
+    resizes it itself."""
     width, height = size_of(item.pixels)
     return width * height
 

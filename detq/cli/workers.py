@@ -164,14 +164,16 @@ def inspect(
     overrides = MetaOverrides(
         format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
     )
+    settings = load_settings()
     report = inspect_model(
         path,
         device=device,
         overrides=overrides,
         precision=Precision(precision),
         cpu_optimize=cpu_optimize,
-        micro_batch=micro_batch or load_settings().micro_batch,
-        channels_last=load_settings().cpu_channels_last,  # as the workers of this environment would
+        micro_batch=micro_batch or settings.micro_batch,
+        channels_last=settings.cpu_channels_last,  # as the workers of this environment would
+        sampled_resize=settings.cpu_sampled_resize,
     )
     if as_json:
         print_json(report)

@@ -10,19 +10,30 @@ import numpy as np
 import torch
 
 from detq.vocabulary import ModelFormat
-from worker.models.letterbox import IDENTITY, InputTransform, images_to_batch, letterbox_image, stretch_image
+from worker.models.letterbox import IDENTITY, images_to_batch, letterbox_image, stretch_image
 from worker.models.metadata import ModelMeta
 from worker.models.outputs import ModelOutputError, RawDetections, parse_torchvision_output
+from worker.models.sampled_resize import SampledResize
 from worker.models.tensors import Pixels, to_tensor
 from worker.models.yolo import decode_final_boxes, decode_yolov5, decode_yolov8, yolo_tensor
+
+
+class ToSource(Protocol):
+    """How boxes in a model's input pixels map back to the decoded image's pixels."""
+
+    def to_source(self, boxes: torch.Tensor) -> torch.Tensor:
+        """[N, 4] x1, y1, x2, y2 boxes in the image's pixels (a new tensor)."""
+        ...
 
 
 @dataclass(frozen=True)
 class ModelInput:
     """One image as its model takes it (before batching), and how to map its pixels back to the image."""
 
-    pixels: Any  # a Pillow image (torchvision) or the letterboxed HxWx3 uint8 array (fixed input)
-    transform: InputTransform
+    # The decoded image (torchvision), 3 x H x W floats made ahead (torchvision, a sampled resize), or the
+    # letterboxed H x W x 3 uint8 array (fixed input).
+    pixels: Any
+    transform: ToSource
 
 
 class FormatAdapter(Protocol):
@@ -50,15 +61,25 @@ class FormatAdapter(Protocol):
 
 @dataclass(frozen=True)
 class TorchvisionAdapter:
-    """List of CHW float tensors in [0, 1] at native size in; list of dicts (or (losses, dicts)) out."""
+    """List of CHW float tensors in [0, 1] at native size in (or, with `resize`, at the model's size,
+    normalised and resized as its own transform would: worker.models.sampled_resize); list of dicts (or
+    (losses, dicts)) out."""
 
     name: str = ModelFormat.TORCHVISION
+    resize: SampledResize | None = None
 
     def shrink(self, image: Pixels) -> ModelInput:
+        if self.resize is not None:
+            return ModelInput(*self.resize.input_of(image))
         return ModelInput(image, IDENTITY)  # the model resizes it itself
 
     def collate(self, inputs: Sequence[ModelInput], device: torch.device) -> Any:
-        return [to_tensor(item.pixels, device) for item in inputs]
+        return [
+            item.pixels.to(device)
+            if isinstance(item.pixels, torch.Tensor)
+            else to_tensor(item.pixels, device)
+            for item in inputs
+        ]
 
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         return parse_torchvision_output(output, expected=count)
@@ -101,7 +122,7 @@ def adapter_for(meta: ModelMeta) -> FormatAdapter:
     return FixedInputAdapter(name=meta.format, meta=meta)
 
 
-def to_source_pixels(raw: RawDetections, transform: InputTransform) -> RawDetections:
+def to_source_pixels(raw: RawDetections, transform: ToSource) -> RawDetections:
     """Map detections from model-input pixels to the decoded image's pixels."""
     if transform == IDENTITY:
         return raw

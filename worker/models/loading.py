@@ -16,13 +16,14 @@ from PIL import Image
 from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
 from detq.vocabulary import ModelFormat, Precision
 from worker.models.devicefix import rewrite_device_constants
-from worker.models.formats import FormatAdapter, adapter_for
+from worker.models.formats import FormatAdapter, TorchvisionAdapter, adapter_for
 from worker.models.introspect import torchvision_fixed_size, torchvision_input_size
 from worker.models.layout import channels_last_where_exact, probe_forwards
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
 from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
 from worker.models.precision import cpu_runs_it_natively, with_precision
+from worker.models.sampled_resize import take_over
 from worker.models.ultralytics import parse_ultralytics_config
 from worker.models.yolo import guess_layout, yolo_tensor
 
@@ -175,12 +176,15 @@ def load_model_for_device(
     precision: Precision = Precision.FP32,
     micro_batch: int = 1,
     channels_last: bool = True,
+    sampled_resize: bool = True,
 ) -> LoadedModel:
     """Load with the device remapped, repair baked device constants, settle the format, warm up once at
     micro_batch images;
     with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled; at a reduced
-    precision, wrap it to run under autocast, taking and giving float32; with channels_last on a CPU at
-    fp32, convolution weights in channels_last where the outputs stay the same (worker.models.layout)."""
+    precision, wrap it to run under autocast, taking and giving float32; on a CPU at fp32, with
+    sampled_resize, a fixed-size torchvision detector's input made ahead as its transform would
+    (worker.models.sampled_resize), and with channels_last, convolution weights in channels_last, each
+    where the outputs stay the same (worker.models.layout)."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -219,6 +223,11 @@ def load_model_for_device(
             meta = meta.model_copy(update={"input_size": size})
             notes.append(f"input size {size[0]}x{size[1]} read from the model's transform")
         adapter = adapter_for(meta)
+        exact_cpu = target.type == "cpu" and precision is Precision.FP32
+        if sampled_resize and exact_cpu and kind != "export" and isinstance(adapter, TorchvisionAdapter):
+            resize, note = take_over(module, path.name)  # before a freeze makes its mean and std constants
+            adapter = TorchvisionAdapter(resize=resize)
+            notes.extend([note] if note else [])
         if precision is not Precision.FP32:  # the format is settled at fp32; the warm-up runs at precision
             module = with_precision(module, precision, target)
             if cpu_optimize and target.type == "cpu":
@@ -234,7 +243,7 @@ def load_model_for_device(
         # Only where every forward has the probes' shapes (a fixed input): a layout exact at one shape
         # is not known to be at another, as the convolutions oneDNN picks depend on the shapes.
         fixed_shape = meta.fixed_input or torchvision_fixed_size(module) is not None
-        if channels_last and fixed_shape and target.type == "cpu" and precision is Precision.FP32:
+        if channels_last and fixed_shape and exact_cpu:
             size = meta.fixed_input_size() if meta.fixed_input else TORCHVISION_PROBE_SIZE
             counts = sorted({1, max(1, min(micro_batch, max_batch or micro_batch))})
             note = channels_last_where_exact(module, probe_forwards(adapter, size, target, counts), path.name)

@@ -30,6 +30,7 @@ def inspect_model(
     cpu_optimize: bool = False,
     micro_batch: int = 1,
     channels_last: bool = True,
+    sampled_resize: bool = True,
 ) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
@@ -53,6 +54,7 @@ def inspect_model(
             cpu_optimize=cpu_optimize,
             micro_batch=micro_batch,
             channels_last=channels_last,
+            sampled_resize=sampled_resize,
         )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))

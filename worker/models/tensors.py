@@ -28,8 +28,10 @@ def pixels_on(array: np.ndarray, device: torch.device = CPU) -> torch.Tensor:
     return tensor.to(device)
 
 
-def size_of(image: Pixels) -> tuple[int, int]:
-    """(width, height) of a decoded image."""
+def size_of(image: Pixels | torch.Tensor) -> tuple[int, int]:
+    """(width, height) of a decoded image, or of a model's input made ahead as C x H x W floats."""
+    if isinstance(image, torch.Tensor):
+        return int(image.shape[-1]), int(image.shape[-2])
     if isinstance(image, np.ndarray):
         return int(image.shape[1]), int(image.shape[0])
     return image.size
