@@ -98,8 +98,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
     # Batches of 8 on every core: counts that are multiples of 8 x cores keep every process busy to the end.
-    # 128: a 12 MP job should last about as long as the 240-photo one (6 to 8 s), or detq's one-off
-    # start-up (the enqueue command, 0.35 to 0.55 s), which the ceiling does not pay and a real folder
+    # 128: a 12 MP job should last nearly as long as the 240-photo one, or detq's one-off start-up (the
+    # enqueue command, 0.35 to 0.55 s on a quiet machine), which the ceiling does not pay and a real folder
     # amortises, weighs more there than at 1280x960. 32 went to 64 when YOLOv8n ran them in 4 s; 64 to 128
     # when the sampled resize made SSDlite's 64 a job of 3 s (fifteenth session).
     parser.add_argument("--large-images", type=int, default=128, help="12 MP photos per run (0: none)")
