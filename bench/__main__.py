@@ -1,6 +1,6 @@
 """`make bench`: every runner on the same photos and models, interleaved, in one invocation.
 
-python -m bench [--images 240] [--large-images 128] [--repeat 3] [--models ssdlite,yolov8] [--no-ray]
+python -m bench [--images 240] [--large-images 128] [--repeat 2] [--models ssdlite,yolov8] [--no-ray]
                 [--enqueue-files 100000] [--only naive,ceiling,opt] [--skip mixed,overhead,writes]
                 [--out bench-results]
 """
@@ -103,7 +103,7 @@ def main() -> int:
     # amortises, weighs more there than at 1280x960. 32 went to 64 when YOLOv8n ran them in 4 s; 64 to 128
     # when the sampled resize made SSDlite's 64 a job of 3 s (fifteenth session).
     parser.add_argument("--large-images", type=int, default=128, help="12 MP photos per run (0: none)")
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--repeat", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--models", default="ssdlite,yolov8")
     parser.add_argument("--no-ray", action="store_true", help="skip Ray Data even when installed")
     parser.add_argument(
