@@ -31,7 +31,9 @@ def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
     """Images/s of the loop people write first: Pillow full decode, one image at a time, the model, rows
     (the model as it was saved, its own transform on the whole image: none of the exact rewrites at load,
     which people's first loop does not try)."""
-    model = load_model_for_device(model_path, "cpu", channels_last=False, sampled_resize=False)
+    model = load_model_for_device(
+        model_path, "cpu", channels_last=False, sampled_resize=False, selected_detections=False
+    )
     began = time.perf_counter()
     for photo in photos:
         with Image.open(photo) as img:

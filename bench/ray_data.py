@@ -28,7 +28,7 @@ class _Detector:
 
         torch.set_num_threads(1)
         self.model = load_model_for_device(
-            Path(model_path), "cpu", channels_last=False, sampled_resize=False
+            Path(model_path), "cpu", channels_last=False, sampled_resize=False, selected_detections=False
         )  # as saved
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:

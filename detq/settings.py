@@ -133,6 +133,14 @@ class Settings:
             " its resize reads, kept where its outputs stay bit for bit the same on probes (docs/models.md)."
         ),
     )
+    cpu_selected_detections: bool = setting(
+        True,
+        read=boolean,
+        doc=(
+            "On a CPU, choose a torchvision SSD's or SSDlite's detections from only the candidates that can"
+            " reach them, kept where they stay bit for bit the same on probes (docs/models.md)."
+        ),
+    )
     precision: Precision = setting(
         Precision.FP32,
         read=choice(Precision),

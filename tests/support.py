@@ -242,8 +242,12 @@ def save_traced_with_baked_device(path: Path, device: str = "cuda:0") -> Path:
     return path
 
 
-def save_torchvision_detector(path: Path, name: str) -> Path:
-    """A scripted torchvision detector built with weights=None (no download), saved as on this host."""
+def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -> Path:
+    """A scripted torchvision detector built with weights=None (no download), saved as on this host.
+
+    As built, SSDlite's activations fade through its layers (features of 1e-18 and less), so every anchor
+    scores 1/91 in every class and its detections are its sorts' tie-breaks. calibrated: its BatchNorm
+    statistics taken from seeded noise images first, so its scores differ as a trained model's do."""
     import torch
     from torchvision.models import detection
 
@@ -253,10 +257,29 @@ def save_torchvision_detector(path: Path, name: str) -> Path:
     }
     torch.manual_seed(0)
     model = builders[name](weights=None, weights_backbone=None).eval()
+    if calibrated:
+        _calibrate_batch_norm(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(torch.jit.script(model), str(path))
     return path
+
+
+def _calibrate_batch_norm(model: Any) -> None:
+    """Set every BatchNorm's running statistics to those of the model's inputs on eight noise images."""
+    import torch
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None  # a plain average over the forward
+        layer.train()
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.rand(3, 320, 320, generator=generator) for _ in range(8)]
+    with torch.no_grad():
+        batch, _ = model.transform(images)
+        model.backbone(batch.tensors)
+    model.eval()
 
 
 def write_png(path: Path, size: tuple[int, int]) -> Path:

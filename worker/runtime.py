@@ -93,7 +93,8 @@ class WorkerRuntime:
 
 def load_configured(settings: Settings, path: Path, device: str, sha256: str | None = None) -> LoadedModel:
     """A model loaded as these settings ask: metadata overrides, DETQ_CPU_OPTIMIZE, DETQ_CPU_CHANNELS_LAST,
-    DETQ_CPU_SAMPLED_RESIZE and DETQ_PRECISION."""
+    DETQ_CPU_SAMPLED_RESIZE,
+    DETQ_CPU_SELECTED_DETECTIONS and DETQ_PRECISION."""
     return load_model_for_device(
         path,
         device,
@@ -102,6 +103,7 @@ def load_configured(settings: Settings, path: Path, device: str, sha256: str | N
         cpu_optimize=settings.cpu_optimize,
         channels_last=settings.cpu_channels_last,
         sampled_resize=settings.cpu_sampled_resize,
+        selected_detections=settings.cpu_selected_detections,
         precision=settings.precision,
         micro_batch=settings.micro_batch,
     )

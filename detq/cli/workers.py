@@ -174,6 +174,7 @@ def inspect(
         micro_batch=micro_batch or settings.micro_batch,
         channels_last=settings.cpu_channels_last,  # as the workers of this environment would
         sampled_resize=settings.cpu_sampled_resize,
+        selected_detections=settings.cpu_selected_detections,
     )
     if as_json:
         print_json(report)

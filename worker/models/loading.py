@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
 from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
 from detq.vocabulary import ModelFormat, Precision
@@ -24,12 +23,13 @@ from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
 from worker.models.precision import cpu_runs_it_natively, with_precision
 from worker.models.sampled_resize import take_over
+from worker.models.ssd_postprocess import select_detections
 from worker.models.ultralytics import parse_ultralytics_config
+from worker.models.warm_up import TORCHVISION_PROBE_SIZE, warm_up, warm_up_and_probe_batch
 from worker.models.yolo import guess_layout, yolo_tensor
 
 log = logging.getLogger(__name__)
 
-TORCHVISION_PROBE_SIZE = (320, 320)
 REEXPORT_HINT = (
     "Re-export it device-agnostic: create tensors with device=x.device instead of a fixed device, trace or "
     "export on the CPU, or use torch.export and let detq move the program with move_to_device_pass."
@@ -131,41 +131,6 @@ def _guess_format(module: Any, meta: ModelMeta, device: torch.device) -> tuple[M
     return meta.with_format(fmt), note
 
 
-def _warm_up(module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, count: int) -> None:
-    height, width = meta.fixed_input_size() if meta.fixed_input else TORCHVISION_PROBE_SIZE
-    images = [Image.new("RGB", (width, height), (114, 114, 114)) for _ in range(count)]
-    inputs = adapter.collate([adapter.shrink(image) for image in images], device)
-    with torch.inference_mode():
-        adapter.parse(module(inputs), count)
-
-
-def _warm_up_and_probe_batch(
-    module: Any, adapter: FormatAdapter, meta: ModelMeta, device: torch.device, micro_batch: int
-) -> int | None:
-    """Warm up at the micro-batch the worker will run; returns 1 when the model only takes batches of one
-    (or too few for a micro-batch), else None (no limit).
-
-    At one image, a process's first real micro-batch still paid for running the graph at that batch and
-    for growing its heap to the batch's buffers: SSDlite's first batch of 8 took 1.2-1.9x the later ones
-    in a worker. Fixed-input exports are often traced for batch 1: a batch of several finds out at
-    start-up, not on every micro-batch; the single-image warm-up then runs only for those.
-    """
-    count = max(2, micro_batch) if meta.fixed_input else micro_batch
-    if count <= 1:
-        _warm_up(module, adapter, meta, device, count=1)
-        return None
-    try:
-        _warm_up(module, adapter, meta, device, count=count)
-        return None
-    except Exception as exc:  # noqa: BLE001 - retried with one image below; a failure there is the real error
-        _warm_up(module, adapter, meta, device, count=1)
-        if not meta.fixed_input:
-            log.warning(
-                "detq: a warm-up batch of %d failed (%s); forwards run one image at a time", count, exc
-            )
-        return 1
-
-
 def load_model_for_device(
     path: Path,
     device: str,
@@ -177,14 +142,16 @@ def load_model_for_device(
     micro_batch: int = 1,
     channels_last: bool = True,
     sampled_resize: bool = True,
+    selected_detections: bool = True,
 ) -> LoadedModel:
     """Load with the device remapped, repair baked device constants, settle the format, warm up once at
     micro_batch images;
     with cpu_optimize on a CPU, freeze and optimise the graph after its format is settled; at a reduced
     precision, wrap it to run under autocast, taking and giving float32; on a CPU at fp32, with
     sampled_resize, a fixed-size torchvision detector's input made ahead as its transform would
-    (worker.models.sampled_resize), and with channels_last, convolution weights in channels_last, each
-    where the outputs stay the same (worker.models.layout)."""
+    (worker.models.sampled_resize), with selected_detections, an SSD's detections chosen from only the
+    candidates that can reach them (worker.models.ssd_postprocess), and with channels_last, convolution
+    weights in channels_last, each where the outputs stay the same (worker.models.layout)."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -236,10 +203,13 @@ def load_model_for_device(
             optimized, note = optimized_for_cpu(module, path.name)
             notes.append(note)
             module, verdict = faster_of(
-                module, optimized, lambda m: _warm_up(m, adapter, meta, target, count=1), path.name
+                module, optimized, lambda m: warm_up(m, adapter, meta, target, count=1), path.name
             )
             notes.extend([verdict] if verdict else [])
-        max_batch = _warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
+        if selected_detections and exact_cpu and kind != "export" and isinstance(adapter, TorchvisionAdapter):
+            module, note = select_detections(module, path.name)
+            notes.extend([note] if note else [])
+        max_batch = warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
         # Only where every forward has the probes' shapes (a fixed input): a layout exact at one shape
         # is not known to be at another, as the convolutions oneDNN picks depend on the shapes.
         fixed_shape = meta.fixed_input or torchvision_fixed_size(module) is not None

@@ -31,6 +31,7 @@ def inspect_model(
     micro_batch: int = 1,
     channels_last: bool = True,
     sampled_resize: bool = True,
+    selected_detections: bool = True,
 ) -> dict[str, Any]:
     """Report on a model file: archive facts read without running it, then a real load and warm-up here."""
     report: dict[str, Any] = {
@@ -55,6 +56,7 @@ def inspect_model(
             micro_batch=micro_batch,
             channels_last=channels_last,
             sampled_resize=sampled_resize,
+            selected_detections=selected_detections,
         )
     except ModelLoadError as exc:
         report.update(loads_here=False, error=str(exc))

@@ -109,8 +109,9 @@ def test_only_the_rows_a_downscale_reads_are_gathered() -> None:
 
 
 def test_ssdlite_finds_the_same_boxes_with_its_input_made_ahead(tmp_path: Path) -> None:
-    # Given a scripted SSDlite, loaded as saved and by default (channels_last off in both: this alone)
-    path = save_torchvision_detector(tmp_path / "ssdlite.pt", "ssdlite")
+    # Given a scripted SSDlite whose detections follow its input (calibrated: as built, every score is
+    # 1/91), loaded as saved and by default (channels_last off in both: this alone)
+    path = save_torchvision_detector(tmp_path / "ssdlite.pt", "ssdlite", calibrated=True)
     as_saved = load_model_for_device(path, "cpu", micro_batch=3, channels_last=False, sampled_resize=False)
     ahead = load_model_for_device(path, "cpu", micro_batch=3, channels_last=False)
     # Then the default took the resize over, checked on its probes, and the model normalises no more

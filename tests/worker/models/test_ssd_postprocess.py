@@ -1,0 +1,110 @@
+"""A scripted SSDlite with its detections chosen by SsdSelection: taken over at load where its probes give
+the model's own detections, the same detections on photos, and left as it was wherever that is not shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bench.photos import write_photo
+from tests.support import save_fixed_box_model, save_torchvision_detector
+from worker.inference import run_model
+from worker.models import ssd_select
+from worker.models.layout import same_outputs
+from worker.models.loading import LoadedModel, load_model_for_device
+from worker.models.ssd_postprocess import SelectedSsd, select_detections, selection_of
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scripted SSDlite whose scores differ from anchor to anchor, as a trained model's do."""
+    return save_torchvision_detector(
+        tmp_path_factory.mktemp("ssd") / "ssdlite.pt", "ssdlite", calibrated=True
+    )
+
+
+def _photos(folder: Path) -> list[Image.Image]:
+    """Photos that are not the probes: a 2 MP photo, a 1280x960 one, noise, a small one."""
+    return [
+        Image.open(write_photo(folder / "a.jpg", 1600, 1200, seed=3)).convert("RGB"),
+        Image.open(write_photo(folder / "b.jpg", 1280, 960, seed=4)).convert("RGB"),
+        *(
+            Image.fromarray(np.random.default_rng(s).integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for s, (h, w) in enumerate([(480, 640), (150, 200)])
+        ),
+    ]
+
+
+def _detections(model: LoadedModel, photos: list[Image.Image]) -> list[tuple[torch.Tensor, ...]]:
+    found = [o.detections for o in run_model(model, [model.adapter.shrink(p) for p in photos], 4)]
+    assert all(d is not None for d in found)
+    return [(d.boxes, d.labels, d.scores) for d in found if d is not None]
+
+
+def test_ssdlite_finds_the_same_detections_with_them_selected(calibrated: Path, tmp_path: Path) -> None:
+    # Given the SSDlite loaded with its own postprocess and by default (channels_last off in both: this alone)
+    own = load_model_for_device(
+        calibrated, "cpu", micro_batch=4, channels_last=False, selected_detections=False
+    )
+    selected = load_model_for_device(calibrated, "cpu", micro_batch=4, channels_last=False)
+    # Then the default took the choice over, checked on its probes
+    assert any(n.startswith("selected detections: ssdlite.pt's detections chosen") for n in selected.notes)
+    assert isinstance(selected.module, SelectedSsd) and not isinstance(own.module, SelectedSsd)
+    # And on photos that are not the probes, at a batch of four, the detections are the same bit for bit,
+    # every one of them chosen by the selection, 300 an image
+    selected.module.chosen_here = 0
+    expected, got = _detections(own, _photos(tmp_path)), _detections(selected, _photos(tmp_path))
+    assert selected.module.chosen_here == 4
+    assert [len(boxes) for boxes, _, _ in expected] == [300] * 4
+    assert len({float(s) for _, _, scores in expected for s in scores}) > 1000  # scores that differ
+    assert same_outputs(expected, got)
+
+
+def test_the_fallback_is_the_models_own_postprocess(calibrated: Path, tmp_path: Path) -> None:
+    selected = load_model_for_device(calibrated, "cpu", micro_batch=4, channels_last=False)
+    own = load_model_for_device(
+        calibrated, "cpu", micro_batch=4, channels_last=False, selected_detections=False
+    )
+    assert isinstance(selected.module, SelectedSsd)
+    selected.module.force_reference, selected.module.chosen_here = True, 0
+    assert same_outputs(_detections(own, _photos(tmp_path)), _detections(selected, _photos(tmp_path)))
+    assert selected.module.chosen_here == 0
+
+
+def test_an_ssdlite_scoring_every_anchor_alike_is_left_to_its_own_postprocess(tmp_path: Path) -> None:
+    """As built with weights=None, every score is 1/91: each order is a sort's tie-break, never selected."""
+    path = save_torchvision_detector(tmp_path / "flat.pt", "ssdlite")
+    loaded = load_model_for_device(path, "cpu", channels_last=False)
+    assert not isinstance(loaded.module, SelectedSsd)
+    assert "selected detections: not exercised by the probes, left to the model" in loaded.notes
+
+
+def test_a_selection_that_differs_on_the_probes_is_not_used(
+    calibrated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = ssd_select.SsdSelection.select
+
+    def one_less(self: ssd_select.SsdSelection, scores: torch.Tensor, boxes: torch.Tensor) -> object:
+        chosen = original(self, scores, boxes)
+        if chosen is None:
+            return None
+        return ssd_select.Chosen(chosen.boxes[:-1], chosen.scores[:-1], chosen.labels[:-1])
+
+    monkeypatch.setattr(ssd_select.SsdSelection, "select", one_less)
+    module = torch.jit.load(str(calibrated)).eval()
+    kept, note = select_detections(module, "ssdlite.pt")
+    assert kept is module
+    assert note == "selected detections: would change the detections, left to the model"
+
+
+def test_only_an_ssd_has_a_selection(tmp_path: Path, calibrated: Path) -> None:
+    assert selection_of(torch.jit.load(str(calibrated))) == ssd_select.SsdSelection(
+        score_thresh=0.001, topk_candidates=300, nms_thresh=0.55, detections_per_img=300
+    )
+    fixed = torch.jit.load(str(save_fixed_box_model(tmp_path / "fixed.pt")))
+    assert selection_of(fixed) is None
+    assert select_detections(fixed, "fixed.pt") == (fixed, "")
