@@ -20,6 +20,7 @@ from PIL import Image
 
 from worker.models.formats import FormatAdapter
 from worker.models.optimize import alternated_medians
+from worker.models.outputs import same_outputs
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +42,6 @@ def relayout(weights: Sequence[torch.Tensor], memory_format: torch.memory_format
     with torch.no_grad():
         for weight in weights:
             weight.data = weight.data.contiguous(memory_format=memory_format)
-
-
-def same_outputs(a: Any, b: Any) -> bool:
-    """Whether two model outputs (tensors in lists, tuples and dicts) are equal bit for bit."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_outputs(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_outputs(a[k], b[k]) for k in a)
-    return bool(a == b)
 
 
 def _changes_outputs(

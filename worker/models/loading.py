@@ -195,6 +195,9 @@ def load_model_for_device(
             resize, note = take_over(module, path.name)  # before a freeze makes its mean and std constants
             adapter = TorchvisionAdapter(resize=resize)
             notes.extend([note] if note else [])
+        if selected_detections and exact_cpu and kind != "export" and isinstance(adapter, TorchvisionAdapter):
+            module, note = select_detections(module, path.name)  # before a freeze drops its postprocess
+            notes.extend([note] if note else [])
         if precision is not Precision.FP32:  # the format is settled at fp32; the warm-up runs at precision
             module = with_precision(module, precision, target)
             if cpu_optimize and target.type == "cpu":
@@ -206,9 +209,6 @@ def load_model_for_device(
                 module, optimized, lambda m: warm_up(m, adapter, meta, target, count=1), path.name
             )
             notes.extend([verdict] if verdict else [])
-        if selected_detections and exact_cpu and kind != "export" and isinstance(adapter, TorchvisionAdapter):
-            module, note = select_detections(module, path.name)
-            notes.extend([note] if note else [])
         max_batch = warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
         # Only where every forward has the probes' shapes (a fixed input): a layout exact at one shape
         # is not known to be at another, as the convolutions oneDNN picks depend on the shapes.

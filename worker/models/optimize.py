@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from worker.models.ssd_postprocess import SelectedSsd
+
 log = logging.getLogger(__name__)
 
 # The optimised graph is kept only when its median forward is at least this much faster than the original.
@@ -24,7 +26,11 @@ WARM_CALLS, TIMED_CALLS = 2, 3
 def optimized_for_cpu(module: Any, name: str) -> tuple[Any, str]:
     """(module, note): torch.jit.freeze then optimize_for_inference (weights folded into the graph,
     convolutions fused with their batch norms and activations, MKL-DNN layouts), or the module as it was
-    and why not. Only TorchScript can be frozen; a torch.export program is left as it is."""
+    and why not. Only TorchScript can be frozen; a torch.export program is left as it is. Of an SSD whose
+    detections detq selects (worker.models.ssd_postprocess), the part up to its postprocess."""
+    if isinstance(module, SelectedSsd):  # its heads hold the weights; its choice of detections stays as it is
+        heads, note = optimized_for_cpu(module.heads, name)
+        return (module if heads is module.heads else module.with_heads(heads)), note
     if not isinstance(module, torch.jit.ScriptModule):
         return module, "DETQ_CPU_OPTIMIZE: not TorchScript, left as it is"
     try:

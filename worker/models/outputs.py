@@ -1,4 +1,5 @@
-"""What a model returns, read into per-image boxes, labels and scores; the error for a broken contract."""
+"""What a model returns, read into per-image boxes, labels and scores; the error for a broken contract;
+whether two outputs are the same."""
 
 from __future__ import annotations
 
@@ -45,3 +46,14 @@ def parse_torchvision_output(output: Any, expected: int) -> list[RawDetections]:
             )
         parsed.append(RawDetections(boxes=boxes, labels=labels, scores=scores))
     return parsed
+
+
+def same_outputs(a: Any, b: Any) -> bool:
+    """Whether two model outputs (tensors in lists, tuples and dicts) are equal bit for bit."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_outputs(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_outputs(a[k], b[k]) for k in a)
+    return bool(a == b)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torchvision.ops import boxes as box_ops
 
-from worker.models.layout import same_outputs
+from worker.models.outputs import same_outputs
 from worker.models.ssd_select import SsdSelection
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,10 @@ class SelectedSsd(torch.nn.Module):
         self.force_reference = False
         self.chosen_here = 0  # images whose detections SsdSelection chose (the check requires some)
 
+    def with_heads(self, heads: Any) -> SelectedSsd:
+        """The same selection over other heads (the frozen and optimised ones of DETQ_CPU_OPTIMIZE)."""
+        return SelectedSsd(self.model, heads, self.selection)
+
     @property
     def transform(self) -> Any:
         """The model's transform (worker.models.introspect reads its size)."""
@@ -131,7 +135,7 @@ def select_detections(module: Any, name: str) -> tuple[Any, str]:
         with warnings.catch_warnings():
             # TorchScript's notes on the model's own code, and scripted SSD's on every call
             warnings.simplefilter("ignore")
-            wrapped = SelectedSsd(module, torch.jit.script(_Heads(module)), selection)
+            wrapped = SelectedSsd(module, torch.jit.script(_Heads(module).eval()), selection)
             probes = probe_images()
             with torch.inference_mode():
                 expected = module(probes)

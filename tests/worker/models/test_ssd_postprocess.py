@@ -3,6 +3,7 @@ the model's own detections, the same detections on photos, and left as it was wh
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,9 @@ from bench.photos import write_photo
 from tests.support import save_fixed_box_model, save_torchvision_detector
 from worker.inference import run_model
 from worker.models import ssd_select
-from worker.models.layout import same_outputs
 from worker.models.loading import LoadedModel, load_model_for_device
+from worker.models.optimize import optimized_for_cpu
+from worker.models.outputs import same_outputs
 from worker.models.ssd_postprocess import SelectedSsd, select_detections, selection_of
 
 
@@ -108,3 +110,21 @@ def test_only_an_ssd_has_a_selection(tmp_path: Path, calibrated: Path) -> None:
     fixed = torch.jit.load(str(save_fixed_box_model(tmp_path / "fixed.pt")))
     assert selection_of(fixed) is None
     assert select_detections(fixed, "fixed.pt") == (fixed, "")
+
+
+def test_cpu_optimize_freezes_the_heads_and_keeps_the_selection(calibrated: Path, tmp_path: Path) -> None:
+    # Given the SSDlite with its detections selected, and the same frozen and optimised (DETQ_CPU_OPTIMIZE)
+    selected = load_model_for_device(calibrated, "cpu", micro_batch=4, channels_last=False)
+    assert isinstance(selected.module, SelectedSsd)
+    optimized, note = optimized_for_cpu(selected.module, "ssdlite.pt")
+    # Then only its heads were frozen, and its detections are still selected
+    assert note == "DETQ_CPU_OPTIMIZE: frozen and optimised"
+    assert isinstance(optimized, SelectedSsd) and optimized.heads is not selected.module.heads
+    assert optimized.model is selected.module.model and optimized.selection == selected.module.selection
+    frozen = replace(selected, module=optimized)
+    expected, got = _detections(selected, _photos(tmp_path)), _detections(frozen, _photos(tmp_path))
+    assert optimized.chosen_here >= 1  # (an image whose best survivors tie goes through the model's own)
+    # And its detections are the model's within the reordered arithmetic's reach (scores move by ~1e-6)
+    for (want_boxes, _, want_scores), (boxes, _, scores) in zip(expected, got, strict=True):
+        assert len(boxes) == len(want_boxes) == 300
+        assert torch.allclose(scores.sort().values, want_scores.sort().values, atol=1e-4)
