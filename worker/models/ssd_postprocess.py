@@ -17,7 +17,7 @@ import torch
 from torchvision.ops import boxes as box_ops
 
 from worker.models.outputs import same_outputs
-from worker.models.ssd_select import SsdSelection
+from worker.models.ssd_select import PER_CLASS_NMS_ABOVE, SsdSelection
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,10 @@ class SelectedSsd(torch.nn.Module):
 
 
 def selection_of(module: Any) -> SsdSelection | None:
-    """An SSD's postprocess settings, or None for any other model."""
-    if getattr(module, "original_name", None) != "SSD":
+    """An SSD's postprocess settings, or None for any other model, or for one whose batched_nms does not
+    run one NMS a class above 4,000 box coordinates on a CPU (torchvision before 0.10 always shifted boxes
+    apart by class instead, whose float arithmetic differs)."""
+    if getattr(module, "original_name", None) != "SSD" or not _nms_by_class(module):
         return None
     try:
         return SsdSelection(
@@ -116,6 +118,17 @@ def selection_of(module: Any) -> SsdSelection | None:
         )
     except (AttributeError, RuntimeError, TypeError, ValueError):
         return None
+
+
+def _nms_by_class(module: Any) -> bool:
+    """Whether the model's postprocess, its calls inlined, holds batched_nms's CPU cut (4,000) and an NMS."""
+    try:
+        graph = module.postprocess_detections.graph.copy()
+        torch._C._jit_pass_inline(graph)
+    except (AttributeError, RuntimeError):
+        return False
+    text = str(graph)
+    return f"prim::Constant[value={PER_CLASS_NMS_ABOVE}]()" in text and "torchvision::nms" in text
 
 
 def probe_images() -> list[torch.Tensor]:

@@ -51,7 +51,10 @@ class SsdSelection:
 
     def select(self, scores: torch.Tensor, boxes: torch.Tensor) -> Chosen | None:
         """The detections for one image from its [A, C] class scores (softmax, background first) and its
-        [A, 4] decoded, clipped boxes; None where the reference's own result must be taken."""
+        [A, 4] decoded, clipped boxes; None where the reference's own result must be taken (and for any
+        dtype but float32, whose arithmetic below() assumes)."""
+        if scores.dtype != torch.float32 or boxes.dtype != torch.float32:
+            return None
         classes = scores[:, 1:]
         valid = classes > self.score_thresh
         counts = valid.sum(0)

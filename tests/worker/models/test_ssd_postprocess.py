@@ -128,3 +128,30 @@ def test_cpu_optimize_freezes_the_heads_and_keeps_the_selection(calibrated: Path
     for (want_boxes, _, want_scores), (boxes, _, scores) in zip(expected, got, strict=True):
         assert len(boxes) == len(want_boxes) == 300
         assert torch.allclose(scores.sort().values, want_scores.sort().values, atol=1e-4)
+
+
+def test_an_ssd_whose_postprocess_lacks_the_per_class_nms_has_no_selection(calibrated: Path) -> None:
+    """torchvision before 0.10 ran batched_nms by shifting boxes apart by class at any size."""
+
+    class Older(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.score_thresh, self.topk_candidates, self.nms_thresh, self.detections_per_img = (
+                0.001,
+                300,
+                0.55,
+                300,
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        @torch.jit.export
+        def postprocess_detections(self, scores: torch.Tensor) -> torch.Tensor:
+            return scores.topk(3).values
+
+    Older.__name__ = "SSD"
+    older = torch.jit.script(Older())
+    assert older.original_name == "SSD"
+    assert selection_of(older) is None
+    assert selection_of(torch.jit.load(str(calibrated))) is not None

@@ -185,3 +185,15 @@ def test_below_compares_as_a_double_would(threshold: float) -> None:
     near = [np.nextafter(at, np.float32(-1)), at, np.nextafter(at, np.float32(2))]
     values = torch.tensor(np.array(near, dtype=np.float32))
     assert (values > below(threshold)).tolist() == [float(v) > threshold for v in near]
+
+
+def test_scores_that_are_not_float32_leave_it_to_the_reference() -> None:
+    g = torch.Generator().manual_seed(6)
+    anchors = _anchors(g)
+    codes, logits = _spread(g)
+    scores = F.softmax(logits, dim=-1)
+    boxes = box_ops.clip_boxes_to_image(
+        det_utils.BoxCoder(weights=(10.0, 10.0, 5.0, 5.0)).decode_single(codes, anchors), SIZE
+    )
+    assert SSDLITE.select(scores, boxes) is not None
+    assert SSDLITE.select(scores.double(), boxes.double()) is None
