@@ -22,10 +22,16 @@ class RawDetections:
     scores: torch.Tensor  # float [N]
 
 
+def torchvision_detections(output: Any) -> Any:
+    """The list of dicts of a torchvision detector's output (scripted ones return (losses, detections))."""
+    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], dict):
+        return output[1]
+    return output
+
+
 def parse_torchvision_output(output: Any, expected: int) -> list[RawDetections]:
     """Accept torchvision's list of dicts, or the (losses, detections) tuple of scripted detectors."""
-    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], dict):
-        output = output[1]
+    output = torchvision_detections(output)
     if not isinstance(output, list | tuple) or len(output) != expected:
         raise ModelOutputError(
             f"expected a list of {expected} dicts with boxes/labels/scores, got {type(output).__name__}"

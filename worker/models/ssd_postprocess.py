@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torchvision.ops import boxes as box_ops
 
-from worker.models.outputs import same_outputs
+from worker.models.outputs import same_outputs, torchvision_detections
 from worker.models.ssd_select import PER_CLASS_NMS_ABOVE, SsdSelection
 
 log = logging.getLogger(__name__)
@@ -152,9 +152,11 @@ def select_detections(module: Any, name: str) -> tuple[Any, str]:
             probes = probe_images()
             with torch.inference_mode():
                 expected = module(probes)
-                same = same_outputs(_detections(wrapped(probes)), _detections(expected))
+                same = same_outputs(torchvision_detections(wrapped(probes)), torchvision_detections(expected))
                 wrapped.force_reference = True
-                same = same and same_outputs(_detections(wrapped(probes)), _detections(expected))
+                same = same and same_outputs(
+                    torchvision_detections(wrapped(probes)), torchvision_detections(expected)
+                )
                 wrapped.force_reference = False
     except Exception as exc:  # noqa: BLE001 - any failure leaves the model as it was
         log.warning("detq: %s's postprocess cannot be taken over, leaving it to the model: %s", name, exc)
@@ -167,10 +169,3 @@ def select_detections(module: Any, name: str) -> tuple[Any, str]:
         f"selected detections: {name}'s detections chosen from only the candidates that can reach them "
         "(the same detections, checked on probes)"
     )
-
-
-def _detections(output: Any) -> Any:
-    """The list of dicts of a torchvision detector's output (scripted ones return (losses, detections))."""
-    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], dict):
-        return output[1]
-    return output
