@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import CursorResult, Table, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, Job, ModelRecord, utcnow
@@ -136,6 +136,25 @@ def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> 
     return recorded
 
 
+_JOBS, _IMAGES, _MODELS = (cast(Table, m.__table__) for m in (Job, Image, ModelRecord))
+# Every batch runs these: built once (db/claims_repo.py).
+_LOCK_JOB = (
+    select(_JOBS.c.enqueued_complete, _JOBS.c.finished_at, _JOBS.c.started_at)
+    .where(_JOBS.c.id == bindparam("job_id"))
+    .with_for_update(key_share=True)
+)
+_ANY_PENDING = (
+    select(_IMAGES.c.id)
+    .where(_IMAGES.c.job_id == bindparam("job_id"), _IMAGES.c.status == ImageStatus.PENDING.value)
+    .limit(1)
+)
+_JOB_MODEL = (
+    select(_JOBS.c.roots, _JOBS.c.model_id, _MODELS.c.sha256, _MODELS.c.path, _JOBS.c.pool)
+    .join(_MODELS, _MODELS.c.id == _JOBS.c.model_id)
+    .where(_JOBS.c.id == bindparam("job_id"))
+)
+
+
 def close_job_if_complete(session: Session, job_id: int, now: datetime, *, started: bool = False) -> bool:
     """Set finished_at (once) when the job is fully enqueued and none of its images is pending.
 
@@ -146,20 +165,14 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime, *, start
     started: results were just written, so set started_at too if it is not set yet (read under the same
     lock: the row is written once, not at every batch).
     """
-    job = session.execute(
-        select(Job.enqueued_complete, Job.finished_at, Job.started_at)
-        .where(Job.id == job_id)
-        .with_for_update(key_share=True)
-    ).one_or_none()
+    job = session.execute(_LOCK_JOB, {"job_id": job_id}).one_or_none()
     if job is None:
         return False
     if started and job.started_at is None:
         session.execute(update(Job).where(Job.id == job_id).values(started_at=now))
     if not job.enqueued_complete or job.finished_at is not None:
         return False
-    pending = session.scalar(
-        select(Image.id).where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value).limit(1)
-    )
+    pending = session.scalar(_ANY_PENDING, {"job_id": job_id})
     if pending is not None:
         return False
     session.execute(update(Job).where(Job.id == job_id, Job.finished_at.is_(None)).values(finished_at=now))
@@ -179,11 +192,7 @@ class JobModel:
 
 def job_model(session: Session, job_id: int) -> JobModel | None:
     """The job's roots, model and pool, in one statement; None if there is no such job."""
-    row = session.execute(
-        select(Job.roots, Job.model_id, ModelRecord.sha256, ModelRecord.path, Job.pool)
-        .join(ModelRecord, ModelRecord.id == Job.model_id)
-        .where(Job.id == job_id)
-    ).one_or_none()
+    row = session.execute(_JOB_MODEL, {"job_id": job_id}).one_or_none()
     return None if row is None else JobModel(list(row.roots), row.model_id, row.sha256, row.path, row.pool)
 
 

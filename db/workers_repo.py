@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, or_, select, update
+from sqlalchemy import CursorResult, Table, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from db.models import WorkerRecord
@@ -74,13 +74,17 @@ def beat(session: Session, worker_id: int, now: datetime, state: Beat) -> None:
     session.execute(update(WorkerRecord).where(WorkerRecord.id == worker_id).values(values))
 
 
+_WORKERS = cast(Table, WorkerRecord.__table__)
+_SET_CURRENT_BATCH = (  # every batch runs it: built once (db/claims_repo.py)
+    update(_WORKERS)
+    .where(_WORKERS.c.id == bindparam("worker_id"))
+    .values(current_batch_id=bindparam("batch"), last_seen_at=bindparam("now"))
+)
+
+
 def set_current_batch(session: Session, worker_id: int, batch_id: int | None, now: datetime) -> None:
     """Say which batch this process runs now (in the claim's transaction), and that it is alive."""
-    session.execute(
-        update(WorkerRecord)
-        .where(WorkerRecord.id == worker_id)
-        .values(current_batch_id=batch_id, last_seen_at=now)
-    )
+    session.execute(_SET_CURRENT_BATCH, {"worker_id": worker_id, "batch": batch_id, "now": now})
 
 
 def close_worker(session: Session, worker_ids: Sequence[int], now: datetime, reason: str = STOPPED) -> int:

@@ -109,9 +109,18 @@ class _Start:
 def _start(
     session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None
 ) -> _Start:
-    """One transaction: the job, which images are free, and the claim of those never started before."""
-    job = _read_job(session, job_id)
+    """One transaction: the job, which images are free, and the claim of those never started before.
+
+    The job is read once per process (runtime.jobs); read again when none of the ids is its image, in
+    case it was deleted since.
+    """
+    cached = runtime.jobs.get(job_id)
+    job = cached or _read_job(session, job_id)
     view = claim_view(session, runtime, job_id, image_ids)
+    if cached is not None and view.found == 0 and image_ids:
+        runtime.remember_job(job_id, None)
+        job = _read_job(session, job_id)
+    runtime.remember_job(job_id, job)
     fresh = [i for i in view.free if i.attempts == 0]
     won = (
         set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=utcnow())) if fresh else set()

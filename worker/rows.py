@@ -21,21 +21,21 @@ def to_detection_rows(
     score_threshold: float | None,
 ) -> tuple[DetectionRow, ...]:
     """Scale boxes to original pixels, clamp them to the image, drop low scores, sort by score."""
-    keep = torch.isfinite(raw.scores) & torch.isfinite(raw.boxes).all(dim=1)
+    keep = torch.isfinite(raw.boxes).all(dim=1).logical_and_(torch.isfinite(raw.scores))
     if score_threshold is not None:
-        keep &= raw.scores >= score_threshold
-    boxes = raw.boxes[keep].clone()
-    labels = raw.labels[keep]
+        keep.logical_and_(raw.scores >= score_threshold)
     scores = raw.scores[keep]
-    boxes[:, 0::2] = (boxes[:, 0::2] * scale_x).clamp(0, width)
-    boxes[:, 1::2] = (boxes[:, 1::2] * scale_y).clamp(0, height)
     order = torch.argsort(scores, descending=True, stable=True)
+    # One index into the kept rows, in score order: the boxes, labels and scores gathered once each.
+    taken = keep.nonzero().squeeze(1)[order]
+    boxes = raw.boxes[taken]  # a copy: the views below scale and clamp it in place
+    boxes[:, 0::2].mul_(scale_x).clamp_(0, width)
+    boxes[:, 1::2].mul_(scale_y).clamp_(0, height)
+    label_name = meta.label_name
     return tuple(
-        DetectionRow(
-            label_id=label_id, label=meta.label_name(label_id), score=score, x1=x1, y1=y1, x2=x2, y2=y2
-        )
+        DetectionRow(label_id, label_name(label_id), score, x1, y1, x2, y2)
         for (x1, y1, x2, y2), label_id, score in zip(
-            boxes[order].tolist(), labels[order].tolist(), scores[order].tolist(), strict=True
+            boxes.tolist(), raw.labels[taken].tolist(), scores[order].tolist(), strict=True
         )
     )
 

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from db.jobs_repo import JobModel
 from db.ledger import Ledger
 from detq.settings import Settings
 from worker.heartbeat import Heartbeat, ProcessStats
@@ -21,6 +22,7 @@ from worker.models.metadata import MetaOverrides, parse_input_size
 log = logging.getLogger(__name__)
 
 MAX_CACHED_MODELS = 2
+MAX_CACHED_JOBS = 64
 
 
 @dataclass
@@ -33,6 +35,8 @@ class WorkerRuntime:
     default_model: LoadedModel
     worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
+    # What batches need of their jobs (roots, model, pool), read once: a job's are never changed.
+    jobs: OrderedDict[int, JobModel] = field(default_factory=OrderedDict)
     model_loads: int = 1
     decode_executor: ThreadPoolExecutor | None = None
     decode_threads: int = 1  # the executor's threads (none below 2)
@@ -79,6 +83,16 @@ class WorkerRuntime:
                 oldest = next(iter(self.models))
             del self.models[oldest]
         return loaded
+
+    def remember_job(self, job_id: int, job: JobModel | None) -> None:
+        """Keep a job's model and roots for its next batches (None: forget it, the job is gone)."""
+        if job is None:
+            self.jobs.pop(job_id, None)
+            return
+        self.jobs[job_id] = job
+        self.jobs.move_to_end(job_id)
+        while len(self.jobs) > MAX_CACHED_JOBS:
+            self.jobs.popitem(last=False)
 
     def close(self) -> None:
         """Close the worker row, stop the decode and idle threads, close the ledger's connections."""
