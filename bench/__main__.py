@@ -1,6 +1,6 @@
 """`make bench`: every runner on the same photos and models, interleaved, in one invocation.
 
-python -m bench [--images 240] [--large-images 128] [--repeat 2] [--models ssdlite,yolov8] [--no-ray]
+python -m bench [--images 240] [--large-images 192] [--repeat 2] [--models ssdlite,yolov8] [--no-ray]
                 [--enqueue-files 100000] [--only naive,ceiling,opt] [--skip mixed,overhead,writes]
                 [--out bench-results]
 """
@@ -108,11 +108,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--images", type=int, default=240, help="1280x960 photos per run")
     # Batches of 8 on every core: counts that are multiples of 8 x cores keep every process busy to the end.
-    # 128: a 12 MP job should last nearly as long as the 240-photo one, or detq's one-off start-up (the
-    # enqueue command, 0.35 to 0.55 s on a quiet machine), which the ceiling does not pay and a real folder
-    # amortises, weighs more there than at 1280x960. 32 went to 64 when YOLOv8n ran them in 4 s; 64 to 128
-    # when the sampled resize made SSDlite's 64 a job of 3 s (fifteenth session).
-    parser.add_argument("--large-images", type=int, default=128, help="12 MP photos per run (0: none)")
+    # 192: a 12 MP job should last nearly as long as the 240-photo one, or detq's one-off start-up (the
+    # enqueue command, 0.35 to 0.9 s: its Python imports alone 0.45 s here), which the ceiling does not pay
+    # and a real folder amortises, weighs more there than at 1280x960. 32 went to 64 when YOLOv8n ran them
+    # in 4 s; 64 to 128 when the sampled resize made SSDlite's 64 a job of 3 s (fifteenth session); 128 to
+    # 192 when the selected detections made its 128 a job of 5 to 6 s (seventeenth).
+    parser.add_argument("--large-images", type=int, default=192, help="12 MP photos per run (0: none)")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--models", default="ssdlite,yolov8", help="of ssdlite, ssdlite-flat, yolov8")
     parser.add_argument("--no-ray", action="store_true", help="skip Ray Data even when installed")
