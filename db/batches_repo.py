@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
 
-from sqlalchemy import Table, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
-from db.models import Batch, Image, Job
+from db.models import Batch, Image, Job, table_of
 from detq.vocabulary import ImageStatus
 
 
@@ -37,7 +36,7 @@ def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: dat
     """
     if not sizes:
         return []
-    table = cast(Table, Batch.__table__)
+    table = table_of(Batch)
     ids = next_ids(session, table, len(sizes))
     insert_rows(
         session,

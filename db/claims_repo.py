@@ -5,18 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import cast
 
-from sqlalchemy import Table, Update, bindparam, select, update
+from sqlalchemy import Update, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Image, WorkerRecord, as_utc
+from db.models import Image, WorkerRecord, as_utc, table_of
 from db.workers_repo import LOST, close_worker, set_current_batch, workers_by_id
 from detq.vocabulary import ImageStatus
 
 # Every batch runs these: built once, their compiled form cached by SQLAlchemy, they cost a third of the
 # CPU time of the same statements built at each call (docs/benchmarks.md, framework overhead).
-_IMAGES = cast(Table, Image.__table__)
+_IMAGES = table_of(Image)
 _BATCH_IMAGES = (
     select(
         _IMAGES.c.status,

@@ -6,14 +6,14 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
 from db.jobs_repo import close_enqueue, close_job_if_complete, end_pending_images
-from db.models import Detection, Image, utcnow
+from db.models import Detection, Image, table_of, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
 
@@ -110,7 +110,7 @@ def insert_batched_images(session: Session, job_id: int, images: Sequence[NewIma
     if not images:
         return {}
     now = utcnow()
-    table = cast(Table, Image.__table__)
+    table = table_of(Image)
     ids = next_ids(session, table, len(images))
     rows = [(image_id, *_image_row(job_id, image, now)) for image_id, image in zip(ids, images, strict=True)]
     insert_rows(session, table, ("id", *IMAGE_COLUMNS), rows)
@@ -146,7 +146,7 @@ def record_results(
     return len(finalise_results(session, job_id, model_id, results, worker=worker, device=device))
 
 
-_IMAGES = cast(Table, Image.__table__)
+_IMAGES = table_of(Image)
 # Every batch runs these: built once (db/claims_repo.py). The images still pending among ids, locked in id
 # order; and one image's result, run as an executemany.
 _LOCK_PENDING = (
@@ -226,7 +226,7 @@ def finalise_results(
     )
     insert_rows(
         session,
-        cast(Table, Detection.__table__),
+        table_of(Detection),
         DETECTION_COLUMNS,
         [
             (r.image_id, model_id, rank, box.label_id, box.label, box.score, box.x1, box.y1, box.x2, box.y2)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, delete, func, select, update
+from sqlalchemy import CursorResult, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, Job, ModelRecord, utcnow
+from db.models import Detection, Image, Job, ModelRecord, table_of, utcnow
 from db.upsert import insert_ignoring_conflicts
 from detq.vocabulary import ImageStatus
 
@@ -136,7 +136,7 @@ def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> 
     return recorded
 
 
-_JOBS, _IMAGES, _MODELS = (cast(Table, m.__table__) for m in (Job, Image, ModelRecord))
+_JOBS, _IMAGES, _MODELS = table_of(Job), table_of(Image), table_of(ModelRecord)
 # Every batch runs these: built once (db/claims_repo.py).
 _LOCK_JOB = (
     select(_JOBS.c.enqueued_complete, _JOBS.c.finished_at, _JOBS.c.started_at)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -210,3 +211,8 @@ class SchedulerLease(Base):
     owner: Mapped[str] = mapped_column(String(255))
     acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def table_of(model: type[Base]) -> Table:
+    """A model's table, for Core statements (built once for the hot path: db/claims_repo.py)."""
+    return cast(Table, model.__table__)

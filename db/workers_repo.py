@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, or_, select, update
+from sqlalchemy import CursorResult, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.models import WorkerRecord
+from db.models import WorkerRecord, table_of
 
 ROLE_NODE = "node"  # a `detq worker` parent: consumes the queues, holds reserved messages
 ROLE_PROCESS = "process"  # one pool process: loads the model, runs batches
@@ -74,7 +74,7 @@ def beat(session: Session, worker_id: int, now: datetime, state: Beat) -> None:
     session.execute(update(WorkerRecord).where(WorkerRecord.id == worker_id).values(values))
 
 
-_WORKERS = cast(Table, WorkerRecord.__table__)
+_WORKERS = table_of(WorkerRecord)
 _SET_CURRENT_BATCH = (  # every batch runs it: built once (db/claims_repo.py)
     update(_WORKERS)
     .where(_WORKERS.c.id == bindparam("worker_id"))

@@ -115,7 +115,7 @@ def _start(
     case it was deleted since.
     """
     cached = runtime.jobs.get(job_id)
-    job = cached or _read_job(session, job_id)
+    job = cached if cached is not None else _read_job(session, job_id)
     view = claim_view(session, runtime, job_id, image_ids)
     if cached is not None and view.found == 0 and image_ids:
         runtime.remember_job(job_id, None)
