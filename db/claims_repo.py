@@ -13,8 +13,8 @@ from db.models import Image, WorkerRecord, as_utc, table_of
 from db.workers_repo import LOST, close_worker, set_current_batch, workers_by_id
 from detq.vocabulary import ImageStatus
 
-# Every batch runs these: built once, their compiled form cached by SQLAlchemy, they cost a third of the
-# CPU time of the same statements built at each call (docs/benchmarks.md, framework overhead).
+# Every batch runs these: built once, their compiled form cached by SQLAlchemy, they cost about half the
+# CPU time of the same statements built at each call (docs/benchmarks.md: "A batch's statements built once").
 _IMAGES = table_of(Image)
 _BATCH_IMAGES = (
     select(
