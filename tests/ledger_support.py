@@ -1,6 +1,12 @@
-"""Test helpers for the ledger by URL: migrate a database, read its revision."""
+"""Test helpers for the ledger: migrate a database by URL, read its revision, record the SQL sent."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, event
 
 from db.engine import make_engine
 from db.migrate import current_revision, upgrade
@@ -22,3 +28,18 @@ def revision_of(url: str) -> str | None:
         return current_revision(engine)
     finally:
         engine.dispose()
+
+
+@contextmanager
+def sql_sent(engine: Engine) -> Iterator[list[str]]:
+    """The SQL the engine sends while the block runs, statement by statement."""
+    seen: list[str] = []
+
+    def record(*args: Any) -> None:
+        seen.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

@@ -37,7 +37,7 @@ from db.jobs_repo import (
 )
 from db.models import Detection, Image, Job, ModelRecord
 from detq.vocabulary import ImageStatus
-from tests.ledger_support import migrate
+from tests.ledger_support import migrate, sql_sent
 
 Factory = sessionmaker[Session]
 
@@ -433,20 +433,10 @@ def test_iter_ledger_returns_every_image_with_its_detections(factory: Factory, e
     fx = make_job(factory, 5)
     make_job(factory, 2, prefix="other")
     record(factory, fx, [done(fx.image_ids[0], n_boxes=3), done(fx.image_ids[3], n_boxes=1)])
-    statements: list[str] = []
-
-    def count_statement(*args: Any) -> None:
-        statements.append(args[2])
-
-    event.listen(engine, "before_cursor_execute", count_statement)
-    try:
-        with factory() as s:
-            ledger = [
-                (image.id, [(d.image_id, d.rank) for d in dets])
-                for image, dets in iter_ledger(s, fx.job_id, 2)
-            ]
-    finally:
-        event.remove(engine, "before_cursor_execute", count_statement)
+    with sql_sent(engine) as statements, factory() as s:
+        ledger = [
+            (image.id, [(d.image_id, d.rank) for d in dets]) for image, dets in iter_ledger(s, fx.job_id, 2)
+        ]
     assert [image_id for image_id, _ in ledger] == fx.image_ids
     assert ledger[0][1] == [(fx.image_ids[0], 0), (fx.image_ids[0], 1), (fx.image_ids[0], 2)]
     assert ledger[3][1] == [(fx.image_ids[3], 0)]

@@ -2,37 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from db.jobs_repo import delete_job
 from detq.vocabulary import ImageStatus
+from tests.ledger_support import sql_sent
 from tests.support import write_jpeg
 from tests.worker.conftest import Staged, ledger_rows
 from worker.batch import JobMissing, process_batch
 from worker.runtime import MAX_CACHED_JOBS, WorkerRuntime
 
 Stage = Callable[..., Staged]
-
-
-@contextmanager
-def statements(runtime: WorkerRuntime) -> Iterator[list[str]]:
-    """The SQL the ledger's engine sends while the block runs."""
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        seen.append(str(args[2]))
-
-    event.listen(runtime.ledger.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(runtime.ledger.engine, "before_cursor_execute", record)
 
 
 def _reads_of_jobs(sql: list[str]) -> list[str]:
@@ -46,9 +29,9 @@ def test_a_job_is_read_at_its_first_batch_only(runtime: WorkerRuntime, stage: St
         write_jpeg(tmp_path / name, (64, 48))
     job = stage(tmp_path, names)
     # When both batches run in the same process
-    with statements(runtime) as first:
+    with sql_sent(runtime.ledger.engine) as first:
         process_batch(runtime, job.job_id, job.image_ids[:2])
-    with statements(runtime) as second:
+    with sql_sent(runtime.ledger.engine) as second:
         process_batch(runtime, job.job_id, job.image_ids[2:])
     # Then the job's roots and model were read for the first only, and every image is done
     assert len(_reads_of_jobs(first)) == 1

@@ -151,12 +151,10 @@ def select_detections(module: Any, name: str) -> tuple[Any, str]:
             wrapped = SelectedSsd(module, torch.jit.script(_Heads(module).eval()), selection)
             probes = probe_images()
             with torch.inference_mode():
-                expected = module(probes)
-                same = same_outputs(torchvision_detections(wrapped(probes)), torchvision_detections(expected))
+                expected = torchvision_detections(module(probes))
+                same = same_outputs(torchvision_detections(wrapped(probes)), expected)
                 wrapped.force_reference = True
-                same = same and same_outputs(
-                    torchvision_detections(wrapped(probes)), torchvision_detections(expected)
-                )
+                same = same and same_outputs(torchvision_detections(wrapped(probes)), expected)
                 wrapped.force_reference = False
     except Exception as exc:  # noqa: BLE001 - any failure leaves the model as it was
         log.warning("detq: %s's postprocess cannot be taken over, leaving it to the model: %s", name, exc)
