@@ -15,20 +15,23 @@ from db.ledger import open_ledger
 from db.models import Image
 from detq.settings import Settings
 from detq.vocabulary import Pool
+from producer.taper import tapered_sizes
 
 
-def test_the_warm_up_folder_links_two_batches_a_process_of_the_first_photos(tmp_path: Path) -> None:
+def test_the_warm_up_folder_links_the_first_photos_so_each_process_runs_a_full_batch(tmp_path: Path) -> None:
     photos_dir = tmp_path / "photos"
     photos_dir.mkdir()
     photos = []
-    for i in range(40):
+    for i in range(60):
         photo = photos_dir / f"p{i:02d}.jpg"
         photo.write_bytes(bytes([i]))
         photos.append(photo)
     folder = warm_up_folder(photos, tmp_path / "photos-warm-up", processes=2, batch_size=8)
     linked = sorted(folder.iterdir())
-    assert [p.name for p in linked] == [p.name for p in photos[:32]]
+    assert [p.name for p in linked] == [p.name for p in photos[:48]]
     assert all(os.path.samefile(link, photos_dir / link.name) for link in linked)
+    # Its job's batches taper at the end, but the first one for each process is full.
+    assert tapered_sizes(len(linked), 8, 2)[:2] == [8, 8]
     # Asked again (one folder serves every runner of a workload), it is left as it is.
     assert sorted(warm_up_folder(photos, folder, processes=2, batch_size=8).iterdir()) == linked
 
