@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
-from PIL import Image
 
-from bench.photos import write_photo
 from tests.support import save_torchvision_detector
+from tests.worker.models.photo_support import unprobed_photos
 from worker.inference import input_pixels, run_model
 from worker.models.loading import load_model_for_device
 from worker.models.sampled_resize import (
@@ -118,16 +117,10 @@ def test_ssdlite_finds_the_same_boxes_with_its_input_made_ahead(tmp_path: Path) 
     assert any(n.startswith("sampled resize: ssdlite.pt's input") for n in ahead.notes), ahead.notes
     assert as_saved.adapter.resize is None and ahead.adapter.resize is not None  # type: ignore[attr-defined]
     assert ahead.module.transform.image_mean == NEUTRAL_MEAN
-    # And on photos that are not the probes (a 2 MP photo, noise, a small one), its detections are the same
-    photos = [
-        Image.open(write_photo(tmp_path / "photo.jpg", 1600, 1200, seed=3)).convert("RGB"),
-        *(
-            Image.fromarray(np.random.default_rng(s).integers(0, 256, (h, w, 3), dtype=np.uint8))
-            for s, (h, w) in enumerate([(480, 640), (150, 200)])
-        ),
-    ]
+    # And on photos that are not the probes, its detections are the same
+    photos = unprobed_photos(tmp_path)
     inputs = [ahead.adapter.shrink(p) for p in photos]
-    assert [input_pixels(i) for i in inputs] == [320 * 320] * 3
+    assert [input_pixels(i) for i in inputs] == [320 * 320] * len(photos)
     expected = [o.detections for o in run_model(as_saved, [as_saved.adapter.shrink(p) for p in photos], 3)]
     got = [o.detections for o in run_model(ahead, inputs, 3)]
     assert all(d is not None and len(d.boxes) for d in expected)

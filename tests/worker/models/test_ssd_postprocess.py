@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from bench.photos import write_photo
 from tests.support import save_fixed_box_model, save_torchvision_detector
+from tests.worker.models.photo_support import unprobed_photos
 from worker.inference import run_model
 from worker.models import ssd_select
 from worker.models.loading import LoadedModel, load_model_for_device
@@ -27,18 +26,6 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_torchvision_detector(
         tmp_path_factory.mktemp("ssd") / "ssdlite.pt", "ssdlite", calibrated=True
     )
-
-
-def _photos(folder: Path) -> list[Image.Image]:
-    """Photos that are not the probes: a 2 MP photo, a 1280x960 one, noise, a small one."""
-    return [
-        Image.open(write_photo(folder / "a.jpg", 1600, 1200, seed=3)).convert("RGB"),
-        Image.open(write_photo(folder / "b.jpg", 1280, 960, seed=4)).convert("RGB"),
-        *(
-            Image.fromarray(np.random.default_rng(s).integers(0, 256, (h, w, 3), dtype=np.uint8))
-            for s, (h, w) in enumerate([(480, 640), (150, 200)])
-        ),
-    ]
 
 
 def _detections(model: LoadedModel, photos: list[Image.Image]) -> list[tuple[torch.Tensor, ...]]:
@@ -59,7 +46,8 @@ def test_ssdlite_finds_the_same_detections_with_them_selected(calibrated: Path, 
     # And on photos that are not the probes, at a batch of four, the detections are the same bit for bit,
     # every one of them chosen by the selection, 300 an image
     selected.module.chosen_here = 0
-    expected, got = _detections(own, _photos(tmp_path)), _detections(selected, _photos(tmp_path))
+    photos = unprobed_photos(tmp_path)
+    expected, got = _detections(own, photos), _detections(selected, photos)
     assert selected.module.chosen_here == 4
     assert [len(boxes) for boxes, _, _ in expected] == [300] * 4
     assert len({float(s) for _, _, scores in expected for s in scores}) > 1000  # scores that differ
@@ -73,7 +61,8 @@ def test_the_fallback_is_the_models_own_postprocess(calibrated: Path, tmp_path: 
     )
     assert isinstance(selected.module, SelectedSsd)
     selected.module.force_reference, selected.module.chosen_here = True, 0
-    assert same_outputs(_detections(own, _photos(tmp_path)), _detections(selected, _photos(tmp_path)))
+    photos = unprobed_photos(tmp_path)
+    assert same_outputs(_detections(own, photos), _detections(selected, photos))
     assert selected.module.chosen_here == 0
 
 
@@ -122,7 +111,8 @@ def test_cpu_optimize_freezes_the_heads_and_keeps_the_selection(calibrated: Path
     assert isinstance(optimized, SelectedSsd) and optimized.heads is not selected.module.heads
     assert optimized.model is selected.module.model and optimized.selection == selected.module.selection
     frozen = replace(selected, module=optimized)
-    expected, got = _detections(selected, _photos(tmp_path)), _detections(frozen, _photos(tmp_path))
+    photos = unprobed_photos(tmp_path)
+    expected, got = _detections(selected, photos), _detections(frozen, photos)
     assert optimized.chosen_here >= 1  # (an image whose best survivors tie goes through the model's own)
     # And its detections are the model's within the reordered arithmetic's reach (scores move by ~1e-6)
     for (want_boxes, _, want_scores), (boxes, _, scores) in zip(expected, got, strict=True):
