@@ -57,8 +57,8 @@ def warm_up_folder(photos: Sequence[Path], folder: Path, processes: int, batch_s
 
     Three, so that every process runs a full batch: a job's last batches taper (producer/taper.py), and
     of two batches a process the 32 photos came as 8, 6, 5, 4, 3, 2, 1, ..., one process never ran 8 at
-    once, and its first batch of 8 in the timed job grew its heap then (0.85 to 0.94 s against 0.55 to
-    0.65 s for the later ones). With 3 x processes x batch size the first batches are full ones.
+    once, and its first batch of 8 in the timed job grew its heap then (0.85 to 0.94 s against 0.52 to
+    0.66 s for the later ones). With 3 x processes x batch size the first batches are full ones.
     """
     folder.mkdir(parents=True, exist_ok=True)
     for photo in photos[: 3 * processes * batch_size]:
