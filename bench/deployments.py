@@ -46,22 +46,29 @@ def _flush_redis() -> None:
     redis.Redis.from_url(REDIS_URL).flushdb()
 
 
+def warm_up_count(processes: int, batch_size: int) -> int:
+    """Photos in the warm-up job: three batches a process, so that every process runs a full batch.
+
+    A job's last batches taper (producer/taper.py: full ones while more than 2 x processes x batch size
+    remain), so the first `processes` batches of 3 x processes x batch size photos are full. Of two batches
+    a process, the 32 photos came as 8, 6, 5, 4, 3, 2, 1, ...: one process never ran 8 at once, and its
+    first batch of 8 in the timed job grew its heap then (0.85 to 0.94 s against 0.52 to 0.66 s for the
+    later ones).
+    """
+    return 3 * processes * batch_size
+
+
 def warm_up_folder(photos: Sequence[Path], folder: Path, processes: int, batch_size: int = 8) -> Path:
-    """A folder of links to the first photos, three batches for each pool process: a first job on them
-    warms the workers as the ceiling's processes are warmed (bench.loops), and as the workers of a
-    nightly run are by the nights before.
+    """A folder of links to the first photos (warm_up_count): a first job on them warms the workers as the
+    ceiling's processes are warmed (bench.loops), and as the workers of a nightly run are by the nights
+    before.
 
     On a fresh process the first large photos are slow: its heap grows to hold their float copies, and
     memory new to a process is faulted in at about 3 ms a MB on this virtual machine. A job of 32 12 MP
     photos ran 1.2 to 1.8x as fast on workers that had run one before (docs/benchmarks.md).
-
-    Three, so that every process runs a full batch: a job's last batches taper (producer/taper.py), and
-    of two batches a process the 32 photos came as 8, 6, 5, 4, 3, 2, 1, ..., one process never ran 8 at
-    once, and its first batch of 8 in the timed job grew its heap then (0.85 to 0.94 s against 0.52 to
-    0.66 s for the later ones). With 3 x processes x batch size the first batches are full ones.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    for photo in photos[: 3 * processes * batch_size]:
+    for photo in photos[: warm_up_count(processes, batch_size)]:
         link = folder / photo.name
         if not link.exists():
             try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import update
 
-from bench.deployments import JobRun, first_claim, warm_up_folder
+from bench.deployments import JobRun, first_claim, warm_up_count, warm_up_folder
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from db.ledger import open_ledger
@@ -34,6 +34,14 @@ def test_the_warm_up_folder_links_the_first_photos_so_each_process_runs_a_full_b
     assert tapered_sizes(len(linked), 8, 2)[:2] == [8, 8]
     # Asked again (one folder serves every runner of a workload), it is left as it is.
     assert sorted(warm_up_folder(photos, folder, processes=2, batch_size=8).iterdir()) == linked
+
+
+def test_the_warm_up_gives_every_process_a_full_batch_at_any_core_count() -> None:
+    # The taper decides which batches are full: the first one of each process must be, on any machine
+    for processes in range(1, 17):
+        for batch_size in (1, 4, 8, 16, 32):
+            sizes = tapered_sizes(warm_up_count(processes, batch_size), batch_size, processes)
+            assert sizes[:processes] == [batch_size] * processes, (processes, batch_size, sizes)
 
 
 def test_a_job_run_splits_at_its_first_claim() -> None:
