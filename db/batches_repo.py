@@ -25,6 +25,7 @@ class OpenBatch:
     pending: int
     missing_since: datetime | None
     sent_at: datetime | None = None  # its last send (first, again, or a backup copy)
+    sends: int = 0  # 1 after its first send; more once sent again or backed up
 
 
 def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: datetime) -> list[int]:
@@ -57,6 +58,18 @@ def mark_sent(session: Session, batch_ids: Sequence[int], now: datetime) -> None
         )
 
 
+def claim_send(session: Session, batch_id: int, seen_sends: int, now: datetime) -> bool:
+    """Count one more send of this batch now, if no one has sent it since it was read with seen_sends
+    sends: whether this caller won it (two passes that read the same batch send one copy, not two)."""
+    result = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.sends == seen_sends)
+        .values(sends=Batch.sends + 1, sent_at=now, missing_since=None)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
 def set_missing(session: Session, batch_ids: Sequence[int], since: datetime | None) -> None:
     """Note when these batches were first found with no copy queued or held (None: found again)."""
     if batch_ids:
@@ -74,6 +87,7 @@ def open_batches(session: Session, job_id: int | None = None) -> list[OpenBatch]
             func.count(),
             Batch.missing_since,
             Batch.sent_at,
+            func.coalesce(Batch.sends, 0),
         )
         .join(Job, Job.id == Image.job_id)
         .outerjoin(Batch, Batch.id == Image.batch_id)
@@ -82,7 +96,15 @@ def open_batches(session: Session, job_id: int | None = None) -> list[OpenBatch]
             Job.finished_at.is_(None),
             Job.enqueued_complete.is_(True),
         )
-        .group_by(Image.batch_id, Image.job_id, Job.pool, Job.batch_size, Batch.missing_since, Batch.sent_at)
+        .group_by(
+            Image.batch_id,
+            Image.job_id,
+            Job.pool,
+            Job.batch_size,
+            Batch.missing_since,
+            Batch.sent_at,
+            Batch.sends,
+        )
         .order_by(Image.job_id, Image.batch_id)
     )
     if job_id is not None:

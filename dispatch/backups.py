@@ -56,8 +56,10 @@ def backups_to_send(
     """Batches that get a backup copy now, oldest first, at most one per idle process of their queue.
 
     A batch qualifies when its queue has no batch waiting, a node that is fully busy holds it, another
-    node that consumes its queue has an idle process (the holder cannot take its own backup), no backup
-    of it is queued or held, and its last send is at least min_age_s old (time for a copy to show up).
+    node that consumes its queue has an idle process (the holder cannot take its own backup), and no
+    backup of it is queued or held. A batch sent more than once (resent, or backed up before) also waits
+    until its last send is min_age_s old: time for that copy to show up in a node's held list. Its first
+    send needs no wait: a node holds it, so a short job's tail is not held for min_age_s after enqueue.
     """
     by_name = {node.name: node for node in nodes}
     held_by = {task_id: node.name for node in nodes for task_id in node.held}
@@ -83,8 +85,9 @@ def backups_to_send(
             continue  # not running: the reconciler's resend handles a batch no one has
         if holder.free > 0 or free[queue] <= 0:
             continue  # every idle process is the holder's own
-        if batch.sent_at is not None and (now - as_utc(batch.sent_at)).total_seconds() < min_age_s:
-            continue
+        if batch.sends > 1 and batch.sent_at is not None:
+            if (now - as_utc(batch.sent_at)).total_seconds() < min_age_s:
+                continue
         chosen.append(batch)
         free[queue] -= 1
     return chosen

@@ -9,8 +9,9 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from celery import Celery
+from sqlalchemy.orm import Session
 
-from db.batches_repo import OpenBatch, mark_sent, open_batches, pending_ids_of_batch
+from db.batches_repo import OpenBatch, claim_send, open_batches, pending_ids_of_batch
 from db.ledger import Ledger
 from db.models import utcnow
 from db.retry import in_transaction
@@ -33,22 +34,34 @@ def send_backups(
     now: datetime,
     min_age_s: float,
 ) -> int:
-    """Send the backups backups_to_send picks; how many."""
-    sent: list[int] = []
+    """Send the backups backups_to_send picks; how many.
+
+    Each is claimed in the ledger before it is sent (claim_send), so passes that read the same batches
+    (a lease holder and an idle node, or two holders around a handover) send one copy between them. A
+    send that fails after its claim leaves the batch counted as sent: its next backup waits min_age_s.
+    """
+    sent = 0
     for batch in backups_to_send(batches, nodes, queued, now, min_age_s):
         assert batch.batch_id is not None  # backups_to_send takes only batches with an id
-        ids = in_transaction(
-            ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch.batch_id)
-        )
+        ids = in_transaction(ledger.sessions, partial(_claimed_ids, batch=batch, now=now))
+        if ids is None:
+            continue  # another pass sent it since it was read
         if ids:
             send_batch(
                 app, job_id=batch.job_id, batch_id=batch.batch_id, image_ids=ids, pool=batch.pool, backup=True
             )
-        sent.append(batch.batch_id)
+        sent += 1
     if sent:
-        in_transaction(ledger.sessions, lambda s: mark_sent(s, sent, now))
-        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", len(sent))
-    return len(sent)
+        log.info("detq reconciler: sent a backup copy of %d batches running while workers idle", sent)
+    return sent
+
+
+def _claimed_ids(session: Session, batch: OpenBatch, now: datetime) -> list[int] | None:
+    """The batch's pending image ids, if this caller wins its next send (else None)."""
+    assert batch.batch_id is not None
+    if not claim_send(session, batch.batch_id, batch.sends, now):
+        return None
+    return pending_ids_of_batch(session, batch.job_id, batch.batch_id)
 
 
 def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:

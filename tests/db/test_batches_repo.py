@@ -1,11 +1,11 @@
-"""Batches over SQLite and PostgreSQL: regrouping a job's images into new batches."""
+"""Batches over SQLite and PostgreSQL: regrouping a job's images into new batches, claiming a send."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.batches_repo import create_batches, open_batches, regroup
+from db.batches_repo import claim_send, create_batches, mark_sent, open_batches, regroup
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.models import Batch, Image, utcnow
@@ -39,3 +39,26 @@ def test_regroup_moves_each_group_into_a_new_batch_of_its_own(factory: Factory) 
     assert [sizes[b] for b in made[:2]] == [1, 1]
     # And each is an open batch of the job's pool, not sent yet, for the reconciler to find
     assert open_ == {first: ("gpu", 1), made[0]: ("gpu", 1), made[1]: ("gpu", 1), made[2]: ("gpu", 2)}
+
+
+def test_claim_send_is_won_once_by_readers_of_the_same_sends(factory: Factory) -> None:
+    # Given a batch sent once, read by two passes before either sends its backup
+    with factory() as s, s.begin():
+        model = get_or_create_model(s, sha256="f" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(s, model_id=model.id, roots=["/d"], pool="cpu", batch_size=2)
+        (batch_id,) = create_batches(s, job.id, [2], utcnow())
+        insert_images(s, job.id, [NewImage(f"/d/{i}.jpg", 1, 1.0, 0, batch_id=batch_id) for i in range(2)])
+        finish_enqueue(s, job.id, 2)
+        mark_sent(s, [batch_id], utcnow())
+    with factory() as s:
+        (seen,) = open_batches(s, job.id)
+    assert seen.sends == 1
+    # When both claim its next send
+    with factory() as s, s.begin():
+        first = claim_send(s, batch_id, seen.sends, utcnow())
+    with factory() as s, s.begin():
+        second = claim_send(s, batch_id, seen.sends, utcnow())
+    # Then only the first wins, and the batch counts one send more
+    assert (first, second) == (True, False)
+    with factory() as s:
+        assert s.scalar(sa.select(Batch.sends).where(Batch.id == batch_id)) == 2

@@ -13,8 +13,8 @@ OLD = NOW - timedelta(seconds=60)
 CPU_QUEUES = ("cpu", "any")
 
 
-def _batch(batch_id: int, sent_at: datetime = OLD, pool: str = "any") -> OpenBatch:
-    return OpenBatch(batch_id, 1, pool, 16, 16, None, sent_at)
+def _batch(batch_id: int, sent_at: datetime = OLD, pool: str = "any", sends: int = 1) -> OpenBatch:
+    return OpenBatch(batch_id, 1, pool, 16, 16, None, sent_at, sends)
 
 
 def _node(name: str, processes: int, *held: int) -> NodeLoad:
@@ -47,7 +47,15 @@ def test_no_second_backup_while_one_is_queued_held_or_just_sent() -> None:
     assert _chosen([_batch(7)], nodes, frozenset({backup_task_id_for(7)})) == []
     held = [_node("slow", 1, 7), NodeLoad("fast", CPU_QUEUES, 2, frozenset({backup_task_id_for(7)}))]
     assert _chosen([_batch(7)], held) == []
-    assert _chosen([_batch(7, sent_at=NOW - timedelta(seconds=1))], nodes) == []
+    just_backed_up = _batch(7, sent_at=NOW - timedelta(seconds=1), sends=2)
+    assert _chosen([just_backed_up], nodes) == []
+    assert _chosen([_batch(7, sent_at=NOW - timedelta(seconds=3), sends=2)], nodes) == [7]
+
+
+def test_a_batch_sent_once_gets_its_backup_however_recently_it_was_sent() -> None:
+    # A short job's tail: the slow node took a batch sent a second ago; the fast one idles now.
+    nodes = [_node("slow", 1, 7), _node("fast", 2)]
+    assert _chosen([_batch(7, sent_at=NOW - timedelta(seconds=1))], nodes) == [7]
 
 
 def test_backups_never_outnumber_the_idle_processes_of_their_queue() -> None:

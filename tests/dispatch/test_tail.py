@@ -7,15 +7,16 @@ from datetime import timedelta
 
 from celery import Celery
 
-from db.batches_repo import mark_sent
+from db.batches_repo import mark_sent, open_batches
 from db.ledger import Ledger
 from db.models import utcnow
-from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
+from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, live_workers, register_worker
 from detq.contract import backup_task_id_for, task_id_for
 from detq.settings import Settings
-from dispatch.broker import read_broker
+from dispatch.backups import node_loads
+from dispatch.broker import queue_depths, read_broker
 from dispatch.send import send_batch
-from dispatch.tail import tail_pass
+from dispatch.tail import send_backups, tail_pass
 from tests.dispatch.conftest import job_with_batch
 
 
@@ -57,3 +58,37 @@ def test_no_backup_while_the_queue_still_has_work(ledger: Ledger, app: Celery, s
     # Then the tail pass sends nothing: the idle node will take the waiting batch
     assert tail_pass(ledger, app, settings) == 0
     assert read_broker(app, settings).queued == {task_id_for(waiting)}
+
+
+def test_a_short_jobs_tail_gets_its_backup_without_waiting_for_the_missing_grace(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a batch sent a moment ago (a job shorter than the missing grace) that a busy slow node took
+    job_id, batch_id = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [batch_id], utcnow())
+    _node(ledger, "slow", 1, [task_id_for(batch_id)])
+    _node(ledger, "fast", 2, [])
+    # When the tail pass runs, then its backup goes out at once
+    assert tail_pass(ledger, app, settings) == 1
+    assert read_broker(app, settings).queued == {backup_task_id_for(batch_id)}
+
+
+def test_two_passes_that_read_the_same_batch_send_one_backup(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given two passes (a lease holder and an idle node) that both read a batch a busy slow node holds
+    job_id, batch_id = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [batch_id], utcnow() - timedelta(seconds=60))
+    _node(ledger, "slow", 1, [task_id_for(batch_id)])
+    _node(ledger, "fast", 2, [])
+    now = utcnow()
+    with ledger.sessions() as s:
+        batches = open_batches(s)
+        nodes = node_loads(live_workers(s, now - timedelta(seconds=30)))
+    # When each sends the backups it chose from what it read
+    sent = [send_backups(ledger, app, batches, nodes, set(), now, settings.missing_grace_s) for _ in range(2)]
+    # Then one copy went out between them
+    assert sent == [1, 0]
+    assert queue_depths(app, settings)["cpu"] == 1
