@@ -10,6 +10,7 @@ from db.engine import is_transient_error
 from db.ledger import Ledger, open_ledger
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
+from dispatch.idle import IDLE_POLL_S, IdleWatch
 from dispatch.leadership import RECONCILER_LEASE, Leadership
 from dispatch.reconcile import reconcile
 from dispatch.tail import tail_pass
@@ -28,8 +29,10 @@ class ReconcilerLoop:
     one of them act at a time, and a standby takes over within about three intervals of the holder's end.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, idle: IdleWatch | None = None) -> None:
+        """idle: a worker node's watch of its pool falling idle; then it looks for backups itself."""
         self.settings = settings
+        self.idle = idle
         self.ledger: Ledger | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="detq-reconciler", daemon=True)
@@ -60,10 +63,19 @@ class ReconcilerLoop:
         # reachable for a whole DETQ_WORKER_TIMEOUT, or every worker would look dead after an outage.
         reachable_since: float | None = None
         held = False
+        tail_every = min(TAIL_WATCH_S, self.settings.reconcile_interval_s)
+        next_tail = time.monotonic() + tail_every
         next_pass = time.monotonic() + self.settings.reconcile_interval_s
         try:
-            while not self._stop.wait(min(TAIL_WATCH_S, self.settings.reconcile_interval_s)):
+            while not self._stop.wait(tail_every if self.idle is None else min(IDLE_POLL_S, tail_every)):
                 try:
+                    if self.idle is not None and self.idle.fell_idle() and self.settings.backups:
+                        # Lease or not: claim_send keeps this and the holder's pass to one copy.
+                        self.idle.announce()
+                        tail_pass(self.ledger, app, self.settings)
+                    if time.monotonic() < next_tail:
+                        continue
+                    next_tail = time.monotonic() + tail_every
                     if time.monotonic() < next_pass:
                         if held and self.settings.backups:
                             tail_pass(self.ledger, app, self.settings)

@@ -11,6 +11,7 @@ thread. A second run of a batch writes nothing twice (the ledger's writes are id
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -83,13 +84,19 @@ class LostRequestWatch:
         self._since: dict[str, tuple[float, str]] = {}  # task id: since when it looks lost, and why
         self._given: dict[str, Any] = {}  # requests given back (once each), until the node forgets them
         self._controller: Any = None
+        self._lock = threading.Lock()
 
     def attach(self, controller: Any) -> None:
         """The running WorkController: its pool says which processes live, its hub runs the give-back."""
         self._controller = controller
 
     def held(self) -> list[str]:
-        """Task ids this node holds: received and waiting for a pool slot, or running."""
+        """Task ids this node holds: received and waiting for a pool slot, or running (the node's
+        heartbeat thread and its reconciler loop may both ask: one at a time)."""
+        with self._lock:
+            return self._held()
+
+    def _held(self) -> list[str]:
         # dict.copy() runs in C under the GIL: the consumer thread cannot change the dict mid-copy.
         requests: dict[str, Any] = worker_state.requests.copy()
         pool = getattr(getattr(self._controller, "pool", None), "_pool", None)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 from celery.utils.nodenames import default_nodename, host_format
+from celery.worker import state as worker_state
 from kombu.utils.url import maybe_sanitize_url
 
 from db.ledger import open_ledger
@@ -21,6 +22,7 @@ from detq.host import usable_cores
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
+from dispatch.idle import IdleWatch
 from dispatch.send import broker_error_reason, check_broker, is_certificate_refusal
 from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
@@ -111,7 +113,9 @@ def run_worker(
         state=lambda: Beat(held=watch.held()),
         watch_s=TAIL_WATCH_S,  # an idle node shows at once: backups at a queue's tail go to it
     )
-    reconciler = ReconcilerLoop(settings)
+    # The node's own look at its queue's tail as soon as a process comes free (dispatch/idle.py).
+    idle = IdleWatch(lambda: processes - len(worker_state.requests), node_beat.beat_now)
+    reconciler = ReconcilerLoop(settings, idle)
     # Before the pool forks: its processes must inherit where to write their numbers.
     metrics = MetricsServer(settings, app) if settings.metrics_port is not None else None
     try:

@@ -1,0 +1,67 @@
+"""The reconciler loop of a worker node over a real SQLite ledger and the real embedded broker."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+from db.batches_repo import mark_sent
+from db.ledger import Ledger
+from db.models import utcnow
+from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
+from detq.contract import backup_task_id_for, task_id_for
+from detq.settings import Settings
+from dispatch.broker import read_broker
+from dispatch.idle import IdleWatch
+from dispatch.leadership import RECONCILER_LEASE, Leadership
+from dispatch.service import ReconcilerLoop
+from tests.dispatch.conftest import job_with_batch
+from tests.dispatch.test_tail import _node
+
+
+def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given another process holding the reconciler's lease, and a batch sent a moment ago that a busy
+    # slow node took, beside this node's one process, busy for now
+    assert Leadership(ledger.sessions, ttl_s=600, owner="elsewhere", name=RECONCILER_LEASE).check()
+    job_id, batch_id = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [batch_id], utcnow())
+    _node(ledger, "slow", 1, [task_id_for(batch_id)])
+    fast = _registered_node(ledger, "fast", ["a-task-of-its-own"])
+    free = [0]
+    announced: list[float] = []
+
+    def announce() -> None:  # as the node's heartbeat does: its held list, now empty, in the ledger
+        announced.append(time.monotonic())
+        with ledger.sessions() as s, s.begin():
+            beat(s, fast, utcnow(), Beat(held=[]))
+
+    loop = ReconcilerLoop(settings, IdleWatch(lambda: free[0], announce))
+    loop.start()
+    try:
+        time.sleep(0.3)  # the loop sees the process busy
+        assert read_broker(app, settings).queued == set()
+        # When the process comes free
+        free[0] = 1
+        deadline = time.monotonic() + 10
+        while not read_broker(app, settings).queued and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+    # Then the node said it was idle and queued the slow batch's backup, once, lease or not
+    assert len(announced) == 1
+    assert read_broker(app, settings).queued == {backup_task_id_for(batch_id)}
+
+
+def _registered_node(ledger: Ledger, name: str, held: list[str]) -> int:
+    """A live node of one pool process holding these task ids; the node row's id."""
+    now = utcnow()
+    with ledger.sessions() as s, s.begin():
+        node = register_worker(s, WorkerIdentity(ROLE_NODE, name, "h", "k", os.getpid(), "cpu"), now)
+        beat(s, node, now, Beat(held=held))
+        register_worker(s, WorkerIdentity(ROLE_PROCESS, name, "h", "k", os.getpid(), "cpu"), now)
+        return node
