@@ -56,6 +56,11 @@ class ReconcilerLoop:
         if self.ledger is not None:
             self.ledger.close()
 
+    def _wait_s(self, next_tail: float) -> float:
+        """Until the next tail pass is due; no longer than the next look at the node's pool, if watched."""
+        left = max(0.0, next_tail - time.monotonic())
+        return left if self.idle is None else min(IDLE_POLL_S, left)
+
     def _run(self) -> None:
         assert self.ledger is not None and self._leadership is not None
         app = make_celery_app(self.settings)
@@ -67,10 +72,11 @@ class ReconcilerLoop:
         next_tail = time.monotonic() + tail_every
         next_pass = time.monotonic() + self.settings.reconcile_interval_s
         try:
-            while not self._stop.wait(tail_every if self.idle is None else min(IDLE_POLL_S, tail_every)):
+            while not self._stop.wait(self._wait_s(next_tail)):
                 try:
                     if self.idle is not None and self.idle.fell_idle() and self.settings.backups:
                         # Lease or not: claim_send keeps this and the holder's pass to one copy.
+                        log.debug("detq: the pool fell idle; looking for backups at its queue's tail")
                         self.idle.announce()
                         tail_pass(self.ledger, app, self.settings)
                     if time.monotonic() < next_tail:

@@ -1,7 +1,9 @@
-"""Fixtures of the dispatch tests: a real SQLite ledger and the real embedded broker, and a recorded job."""
+"""Fixtures of the dispatch tests: a real SQLite ledger and the real embedded broker, a recorded job, a
+live worker node."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import Ledger, open_ledger
 from db.models import utcnow
+from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
 
@@ -48,3 +51,14 @@ def job_with_batch(ledger: Ledger, images: int = 3, *, enqueued: bool = True) ->
         if enqueued:
             finish_enqueue(s, job.id, images)
         return job.id, batch_id
+
+
+def live_node(ledger: Ledger, name: str, processes: int, held: list[str]) -> int:
+    """A worker node that beat just now holding these task ids, with its pool processes; the node's row id."""
+    now = utcnow()
+    with ledger.sessions() as s, s.begin():
+        node = register_worker(s, WorkerIdentity(ROLE_NODE, name, "h", "k", os.getpid(), "cpu"), now)
+        beat(s, node, now, Beat(held=held))
+        for _ in range(processes):
+            register_worker(s, WorkerIdentity(ROLE_PROCESS, name, "h", "k", os.getpid(), "cpu"), now)
+        return node

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from celery import Celery
@@ -10,15 +9,14 @@ from celery import Celery
 from db.batches_repo import mark_sent
 from db.ledger import Ledger
 from db.models import utcnow
-from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
+from db.workers_repo import Beat, beat
 from detq.contract import backup_task_id_for, task_id_for
 from detq.settings import Settings
 from dispatch.broker import read_broker
 from dispatch.idle import IdleWatch
 from dispatch.leadership import RECONCILER_LEASE, Leadership
 from dispatch.service import ReconcilerLoop
-from tests.dispatch.conftest import job_with_batch
-from tests.dispatch.test_tail import _node
+from tests.dispatch.conftest import job_with_batch, live_node
 
 
 def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
@@ -30,8 +28,8 @@ def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
     job_id, batch_id = job_with_batch(ledger)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], utcnow())
-    _node(ledger, "slow", 1, [task_id_for(batch_id)])
-    fast = _registered_node(ledger, "fast", ["a-task-of-its-own"])
+    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    fast = live_node(ledger, "fast", 1, ["a-task-of-its-own"])
     free = [0]
     announced: list[float] = []
 
@@ -55,13 +53,3 @@ def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
     # Then the node said it was idle and queued the slow batch's backup, once, lease or not
     assert len(announced) == 1
     assert read_broker(app, settings).queued == {backup_task_id_for(batch_id)}
-
-
-def _registered_node(ledger: Ledger, name: str, held: list[str]) -> int:
-    """A live node of one pool process holding these task ids; the node row's id."""
-    now = utcnow()
-    with ledger.sessions() as s, s.begin():
-        node = register_worker(s, WorkerIdentity(ROLE_NODE, name, "h", "k", os.getpid(), "cpu"), now)
-        beat(s, node, now, Beat(held=held))
-        register_worker(s, WorkerIdentity(ROLE_PROCESS, name, "h", "k", os.getpid(), "cpu"), now)
-        return node

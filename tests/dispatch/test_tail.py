@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 from celery import Celery
@@ -10,23 +9,14 @@ from celery import Celery
 from db.batches_repo import mark_sent, open_batches
 from db.ledger import Ledger
 from db.models import utcnow
-from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, live_workers, register_worker
+from db.workers_repo import live_workers
 from detq.contract import backup_task_id_for, task_id_for
 from detq.settings import Settings
 from dispatch.backups import node_loads
 from dispatch.broker import queue_depths, read_broker
 from dispatch.send import send_batch
 from dispatch.tail import send_backups, tail_pass
-from tests.dispatch.conftest import job_with_batch
-
-
-def _node(ledger: Ledger, name: str, processes: int, held: list[str]) -> None:
-    now = utcnow()
-    with ledger.sessions() as s, s.begin():
-        node = register_worker(s, WorkerIdentity(ROLE_NODE, name, "h", "k", os.getpid(), "cpu"), now)
-        beat(s, node, now, Beat(held=held))
-        for _ in range(processes):
-            register_worker(s, WorkerIdentity(ROLE_PROCESS, name, "h", "k", os.getpid(), "cpu"), now)
+from tests.dispatch.conftest import job_with_batch, live_node
 
 
 def test_an_idle_node_next_to_an_empty_queue_gets_a_backup_of_a_batch_running_elsewhere(
@@ -37,8 +27,8 @@ def test_an_idle_node_next_to_an_empty_queue_gets_a_backup_of_a_batch_running_el
     sent = utcnow() - timedelta(seconds=60)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], sent)
-    _node(ledger, "slow", 1, [task_id_for(batch_id)])
-    _node(ledger, "fast", 2, [])
+    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    live_node(ledger, "fast", 2, [])
     # When the tail pass runs
     assert tail_pass(ledger, app, settings) == 1
     # Then a backup copy is queued under its own task id, and a pass right after sends no other
@@ -53,8 +43,8 @@ def test_no_backup_while_the_queue_still_has_work(ledger: Ledger, app: Celery, s
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [running, waiting], utcnow() - timedelta(seconds=60))
     send_batch(app, job_id=job_id, batch_id=waiting, image_ids=[1], pool="cpu")
-    _node(ledger, "slow", 1, [task_id_for(running)])
-    _node(ledger, "fast", 2, [])
+    live_node(ledger, "slow", 1, [task_id_for(running)])
+    live_node(ledger, "fast", 2, [])
     # Then the tail pass sends nothing: the idle node will take the waiting batch
     assert tail_pass(ledger, app, settings) == 0
     assert read_broker(app, settings).queued == {task_id_for(waiting)}
@@ -67,8 +57,8 @@ def test_a_short_jobs_tail_gets_its_backup_without_waiting_for_the_missing_grace
     job_id, batch_id = job_with_batch(ledger)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], utcnow())
-    _node(ledger, "slow", 1, [task_id_for(batch_id)])
-    _node(ledger, "fast", 2, [])
+    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    live_node(ledger, "fast", 2, [])
     # When the tail pass runs, then its backup goes out at once
     assert tail_pass(ledger, app, settings) == 1
     assert read_broker(app, settings).queued == {backup_task_id_for(batch_id)}
@@ -81,8 +71,8 @@ def test_two_passes_that_read_the_same_batch_send_one_backup(
     job_id, batch_id = job_with_batch(ledger)
     with ledger.sessions() as s, s.begin():
         mark_sent(s, [batch_id], utcnow() - timedelta(seconds=60))
-    _node(ledger, "slow", 1, [task_id_for(batch_id)])
-    _node(ledger, "fast", 2, [])
+    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    live_node(ledger, "fast", 2, [])
     now = utcnow()
     with ledger.sessions() as s:
         batches = open_batches(s)
