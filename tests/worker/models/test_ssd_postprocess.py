@@ -44,11 +44,14 @@ def test_ssdlite_finds_the_same_detections_with_them_selected(calibrated: Path, 
     assert any(n.startswith("selected detections: ssdlite.pt's detections chosen") for n in selected.notes)
     assert isinstance(selected.module, SelectedSsd) and not isinstance(own.module, SelectedSsd)
     # And on photos that are not the probes, at a batch of four, the detections are the same bit for bit,
-    # every one of them chosen by the selection, 300 an image
+    # 300 an image, most of them chosen by the selection. An image with equal scores at a cut is left to
+    # the model's own postprocess (exact either way): which do depends on the CPU's float kernels (all four
+    # were chosen in the CI runs before the nineteenth session, two on its AMD EPYC, where the 640x480
+    # noise photo ties even alone)
     selected.module.chosen_here = 0
     photos = unprobed_photos(tmp_path)
     expected, got = _detections(own, photos), _detections(selected, photos)
-    assert selected.module.chosen_here == 4
+    assert selected.module.chosen_here >= 2
     assert [len(boxes) for boxes, _, _ in expected] == [300] * 4
     assert len({float(s) for _, _, scores in expected for s in scores}) > 1000  # scores that differ
     assert same_outputs(expected, got)
