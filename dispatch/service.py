@@ -27,6 +27,7 @@ class ReconcilerLoop:
 
     Every `detq worker` and `detq scheduler` runs one, so a single machine heals itself; the lease makes
     one of them act at a time, and a standby takes over within about three intervals of the holder's end.
+    A worker node's loop also looks for backups itself, lease or not, when its own pool falls idle.
     """
 
     def __init__(self, settings: Settings, idle: IdleWatch | None = None) -> None:
