@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -51,11 +52,12 @@ def create_batches(session: Session, job_id: int, sizes: Sequence[int], now: dat
 def mark_sent(session: Session, batch_ids: Sequence[int], now: datetime) -> None:
     """These batches were (re)sent now: one more send, and no longer missing."""
     if batch_ids:
-        session.execute(
-            update(Batch)
-            .where(Batch.id.in_(list(batch_ids)))
-            .values(sends=Batch.sends + 1, sent_at=now, missing_since=None)
-        )
+        session.execute(update(Batch).where(Batch.id.in_(list(batch_ids))).values(_one_more_send(now)))
+
+
+def _one_more_send(now: datetime) -> dict[str, Any]:
+    """What a send of a batch writes on its row: its count, when, and that it is no longer missing."""
+    return {"sends": Batch.sends + 1, "sent_at": now, "missing_since": None}
 
 
 def claim_send(session: Session, batch_id: int, seen_sends: int, now: datetime) -> bool:
@@ -64,7 +66,7 @@ def claim_send(session: Session, batch_id: int, seen_sends: int, now: datetime) 
     result = session.execute(
         update(Batch)
         .where(Batch.id == batch_id, Batch.sends == seen_sends)
-        .values(sends=Batch.sends + 1, sent_at=now, missing_since=None)
+        .values(_one_more_send(now))
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0) == 1)

@@ -43,7 +43,9 @@ def send_backups(
     sent = 0
     for batch in backups_to_send(batches, nodes, queued, now, min_age_s):
         assert batch.batch_id is not None  # backups_to_send takes only batches with an id
-        ids = in_transaction(ledger.sessions, partial(_claimed_ids, batch=batch, now=now))
+        ids = in_transaction(
+            ledger.sessions, partial(_claimed_ids, batch=batch, batch_id=batch.batch_id, now=now)
+        )
         if ids is None:
             continue  # another pass sent it since it was read
         if ids:
@@ -56,12 +58,11 @@ def send_backups(
     return sent
 
 
-def _claimed_ids(session: Session, batch: OpenBatch, now: datetime) -> list[int] | None:
+def _claimed_ids(session: Session, batch: OpenBatch, batch_id: int, now: datetime) -> list[int] | None:
     """The batch's pending image ids, if this caller wins its next send (else None)."""
-    assert batch.batch_id is not None
-    if not claim_send(session, batch.batch_id, batch.sends, now):
+    if not claim_send(session, batch_id, batch.sends, now):
         return None
-    return pending_ids_of_batch(session, batch.job_id, batch.batch_id)
+    return pending_ids_of_batch(session, batch.job_id, batch_id)
 
 
 def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from celery import Celery
 
-from db.batches_repo import create_batches
+from db.batches_repo import create_batches, mark_sent
 from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import Ledger, open_ledger
 from db.models import utcnow
 from db.workers_repo import ROLE_NODE, ROLE_PROCESS, Beat, WorkerIdentity, beat, register_worker
 from detq.celery_app import make_celery_app
+from detq.contract import task_id_for
 from detq.settings import Settings
 
 
@@ -62,3 +64,12 @@ def live_node(ledger: Ledger, name: str, processes: int, held: list[str]) -> int
         for _ in range(processes):
             register_worker(s, WorkerIdentity(ROLE_PROCESS, name, "h", "k", os.getpid(), "cpu"), now)
         return node
+
+
+def batch_on_slow_node(ledger: Ledger, sent_at: datetime) -> int:
+    """A job's batch, sent at sent_at and held by a busy node "slow" of one process; the batch's id."""
+    _, batch_id = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [batch_id], sent_at)
+    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    return batch_id

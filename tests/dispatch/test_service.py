@@ -6,17 +6,16 @@ import time
 
 from celery import Celery
 
-from db.batches_repo import mark_sent
 from db.ledger import Ledger
 from db.models import utcnow
 from db.workers_repo import Beat, beat
-from detq.contract import backup_task_id_for, task_id_for
+from detq.contract import backup_task_id_for
 from detq.settings import Settings
 from dispatch.broker import read_broker
 from dispatch.idle import IdleWatch
 from dispatch.leadership import RECONCILER_LEASE, Leadership
 from dispatch.service import ReconcilerLoop
-from tests.dispatch.conftest import job_with_batch, live_node
+from tests.dispatch.conftest import batch_on_slow_node, live_node
 
 
 def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
@@ -25,10 +24,7 @@ def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
     # Given another process holding the reconciler's lease, and a batch sent a moment ago that a busy
     # slow node took, beside this node's one process, busy for now
     assert Leadership(ledger.sessions, ttl_s=600, owner="elsewhere", name=RECONCILER_LEASE).check()
-    job_id, batch_id = job_with_batch(ledger)
-    with ledger.sessions() as s, s.begin():
-        mark_sent(s, [batch_id], utcnow())
-    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    batch_id = batch_on_slow_node(ledger, utcnow())
     fast = live_node(ledger, "fast", 1, ["a-task-of-its-own"])
     free = [0]
     announced: list[float] = []

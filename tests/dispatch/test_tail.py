@@ -16,18 +16,14 @@ from dispatch.backups import node_loads
 from dispatch.broker import queue_depths, read_broker
 from dispatch.send import send_batch
 from dispatch.tail import send_backups, tail_pass
-from tests.dispatch.conftest import job_with_batch, live_node
+from tests.dispatch.conftest import batch_on_slow_node, job_with_batch, live_node
 
 
 def test_an_idle_node_next_to_an_empty_queue_gets_a_backup_of_a_batch_running_elsewhere(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a batch sent a while ago and taken by a busy slow node, while a fast node idles
-    job_id, batch_id = job_with_batch(ledger)
-    sent = utcnow() - timedelta(seconds=60)
-    with ledger.sessions() as s, s.begin():
-        mark_sent(s, [batch_id], sent)
-    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    batch_id = batch_on_slow_node(ledger, utcnow() - timedelta(seconds=60))
     live_node(ledger, "fast", 2, [])
     # When the tail pass runs
     assert tail_pass(ledger, app, settings) == 1
@@ -54,10 +50,7 @@ def test_a_short_jobs_tail_gets_its_backup_without_waiting_for_the_missing_grace
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a batch sent a moment ago (a job shorter than the missing grace) that a busy slow node took
-    job_id, batch_id = job_with_batch(ledger)
-    with ledger.sessions() as s, s.begin():
-        mark_sent(s, [batch_id], utcnow())
-    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    batch_id = batch_on_slow_node(ledger, utcnow())
     live_node(ledger, "fast", 2, [])
     # When the tail pass runs, then its backup goes out at once
     assert tail_pass(ledger, app, settings) == 1
@@ -68,10 +61,7 @@ def test_two_passes_that_read_the_same_batch_send_one_backup(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given two passes (a lease holder and an idle node) that both read a batch a busy slow node holds
-    job_id, batch_id = job_with_batch(ledger)
-    with ledger.sessions() as s, s.begin():
-        mark_sent(s, [batch_id], utcnow() - timedelta(seconds=60))
-    live_node(ledger, "slow", 1, [task_id_for(batch_id)])
+    batch_on_slow_node(ledger, utcnow() - timedelta(seconds=60))
     live_node(ledger, "fast", 2, [])
     now = utcnow()
     with ledger.sessions() as s:
