@@ -27,6 +27,12 @@ def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
     batch_id = batch_on_slow_node(ledger, utcnow())
     fast = live_node(ledger, "fast", 1, ["a-task-of-its-own"])
     free = [0]
+    looks: list[float] = []  # when the loop read the process's state
+
+    def free_processes() -> int:
+        looks.append(time.monotonic())
+        return free[0]
+
     announced: list[float] = []
 
     def announce() -> None:  # as the node's heartbeat does: its held list, now empty, in the ledger
@@ -34,10 +40,12 @@ def test_a_node_that_falls_idle_sends_a_backup_itself_without_the_lease(
         with ledger.sessions() as s, s.begin():
             beat(s, fast, utcnow(), Beat(held=[]))
 
-    loop = ReconcilerLoop(settings, IdleWatch(lambda: free[0], announce))
+    loop = ReconcilerLoop(settings, IdleWatch(free_processes, announce))
     loop.start()
     try:
-        time.sleep(0.3)  # the loop sees the process busy
+        deadline = time.monotonic() + 10
+        while len(looks) < 2 and time.monotonic() < deadline:  # the loop has seen the process busy
+            time.sleep(0.02)
         assert read_broker(app, settings).queued == set()
         # When the process comes free
         free[0] = 1
