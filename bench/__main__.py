@@ -182,9 +182,7 @@ def main() -> int:
             save()
         skip = {part.strip() for part in args.skip.split(",")}
         if "mixed" not in skip and "ssdlite" in models and "1280x960" in folders:
-            extras["mixed_pools_images_per_s"] = mixed_bench(
-                models["ssdlite"], folders["1280x960"], work, args.repeat
-            )
+            extras[report.MIXED] = mixed_bench(models["ssdlite"], folders["1280x960"], work, args.repeat)
             save()
         if "overhead" not in skip:
             extras.update(framework_overhead(work, args.repeat))
@@ -206,7 +204,8 @@ def main() -> int:
         summary = save()
     print(report.table(summary["images_per_s"]))
     print(report.start_up_table(summary))
-    shown = ("images_per_s", report.START_UPS, report.AFTER_CLAIM)
+    print(report.mixed_table(summary))
+    shown = ("images_per_s", report.START_UPS, report.AFTER_CLAIM, report.MIXED)
     print({k: v for k, v in summary.items() if k not in shown})
     return 0
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.deployments import redis_postgres
+from bench.report import FAST_ALONE
 from tests.integration.faults import pool_pids
 from tests.integration.harness import running_worker
 from tests.integration.throttle import Throttle
@@ -39,7 +40,7 @@ def mixed_job(model: Path, photos: Path, base: Path, *, slow: bool, backups: boo
 def mixed_runs(model: Path, photos: Path, base: Path) -> dict[str, float]:
     """The three configurations, one run each (images/s)."""
     return {
-        "fast alone": mixed_job(model, photos, base, slow=False),
+        FAST_ALONE: mixed_job(model, photos, base, slow=False),
         "fast + slow, backups": mixed_job(model, photos, base, slow=True),
         "fast + slow, no backups": mixed_job(model, photos, base, slow=True, backups=False),
     }

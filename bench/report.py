@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 NAIVE, CEILING, RAY = "naive loop", "in-process ceiling", "Ray Data"
+# The mixed-hardware extra (bench/mixed.py): its JSON key, and the configuration the others are held to.
+MIXED, FAST_ALONE = "mixed_pools_images_per_s", "fast alone"
 # The JSON's keys for the detq runners' split of each run: seconds from the launch of `detq enqueue` to
 # the first claimed image, and images/s from then to the last finished one.
 START_UPS, AFTER_CLAIM = "detq_start_up_s", "detq_images_per_s_after_first_claim"
@@ -70,6 +72,20 @@ def start_up_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def mixed_table(report: dict[str, Any]) -> str:
+    """Markdown: each mixed-hardware configuration's images/s against the normal worker alone, round by
+    round (every round ran the three in turn); empty when the extra did not run."""
+    runs: dict[str, list[float]] = report.get(MIXED, {})
+    lines = [
+        "| mixed hardware | images/s (runs) | vs the fast worker alone, round by round |",
+        "|---|---|---|",
+    ]
+    for name, rates in runs.items():
+        ratio = "1.00x" if name == FAST_ALONE else round_by_round(rates, runs.get(FAST_ALONE))
+        lines.append(f"| {name} | {', '.join(f'{r:.1f}' for r in rates)} | {ratio} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def machine() -> dict[str, Any]:
     import os
 
@@ -87,8 +103,8 @@ def write(out: Path, report: dict[str, Any]) -> None:
     """bench.json, bench.md (the table) and, with matplotlib, bench.png."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
-    split = start_up_table(report)
-    (out / "bench.md").write_text(table(report["images_per_s"]) + "\n" + (f"\n{split}\n" if split else ""))
+    tables = [table(report["images_per_s"]), start_up_table(report), mixed_table(report)]
+    (out / "bench.md").write_text("\n\n".join(t for t in tables if t) + "\n")
     try:
         import matplotlib
 

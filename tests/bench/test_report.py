@@ -5,7 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import AFTER_CLAIM, CEILING, NAIVE, START_UPS, round_by_round, start_up_table, table, write
+from bench.report import (
+    AFTER_CLAIM,
+    CEILING,
+    FAST_ALONE,
+    MIXED,
+    NAIVE,
+    START_UPS,
+    mixed_table,
+    round_by_round,
+    start_up_table,
+    table,
+    write,
+)
 
 
 def test_round_by_round_pairs_each_run_with_the_ceilings_run_of_the_same_round() -> None:
@@ -58,3 +70,23 @@ def test_bench_md_holds_the_start_up_table_after_the_main_one(tmp_path: Path) ->
     write(tmp_path, summary)
     text = (tmp_path / "bench.md").read_text()
     assert text.index("| vs ceiling, round by round |") < text.index("| m 1280x960 | detq embedded | 0.55 |")
+
+
+def test_the_mixed_table_holds_each_configuration_to_the_fast_worker_of_its_round() -> None:
+    # Given three rounds in which the machine slowed down in round two for every configuration
+    summary = {
+        "images_per_s": {},
+        MIXED: {FAST_ALONE: [18.0, 12.0, 17.0], "fast + slow, backups": [18.9, 11.4, 17.0]},
+    }
+    lines = mixed_table(summary).splitlines()
+    # Then each run is set against the fast worker's run of the same round: 1.05, 0.95 and 1.00
+    assert lines[-2] == "| fast alone | 18.0, 12.0, 17.0 | 1.00x |"
+    assert lines[-1] == "| fast + slow, backups | 18.9, 11.4, 17.0 | 1.00x (0.95-1.05) |"
+    assert mixed_table({"images_per_s": {}}) == ""  # the extra skipped, no table
+
+
+def test_bench_md_holds_the_mixed_table_when_the_extra_ran(tmp_path: Path) -> None:
+    summary = {"images_per_s": {"m 1280x960": {"detq embedded": [8.0]}}, MIXED: {FAST_ALONE: [14.5]}}
+    write(tmp_path, summary)
+    text = (tmp_path / "bench.md").read_text()
+    assert text.index("| vs ceiling, round by round |") < text.index("| fast alone | 14.5 | 1.00x |")
