@@ -43,9 +43,10 @@ def send_backups(
     sent = 0
     for batch in backups_to_send(batches, nodes, queued, now, min_age_s):
         assert batch.batch_id is not None  # backups_to_send takes only batches with an id
-        ids = in_transaction(
-            ledger.sessions, partial(_claimed_ids, batch=batch, batch_id=batch.batch_id, now=now)
+        claim = partial(
+            _claimed_ids, job_id=batch.job_id, batch_id=batch.batch_id, seen_sends=batch.sends, now=now
         )
+        ids = in_transaction(ledger.sessions, claim)
         if ids is None:
             continue  # another pass sent it since it was read
         if ids:
@@ -58,11 +59,13 @@ def send_backups(
     return sent
 
 
-def _claimed_ids(session: Session, batch: OpenBatch, batch_id: int, now: datetime) -> list[int] | None:
-    """The batch's pending image ids, if this caller wins its next send (else None)."""
-    if not claim_send(session, batch_id, batch.sends, now):
+def _claimed_ids(
+    session: Session, job_id: int, batch_id: int, seen_sends: int, now: datetime
+) -> list[int] | None:
+    """The batch's pending image ids, if this caller wins its next send after seen_sends (else None)."""
+    if not claim_send(session, batch_id, seen_sends, now):
         return None
-    return pending_ids_of_batch(session, batch.job_id, batch_id)
+    return pending_ids_of_batch(session, job_id, batch_id)
 
 
 def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:
