@@ -69,17 +69,21 @@ def _claimed_ids(
 
 
 def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | None = None) -> int:
-    """Backups only, cheaply: nothing is read past the first check that fails (an idle process, an
-    empty queue it consumes, open batches); returns how many were sent."""
+    """Backups only, cheaply: nothing is read past the first check that fails (a queue both an idle
+    process and a fully busy node consume, that queue empty, open batches); returns how many were sent.
+
+    The lease holder runs it every TAIL_WATCH_S: an idle fleet, or one whose nodes are all busy, pays one
+    read of the worker rows a pass, not the broker's queues and the open batches too.
+    """
     now = now or utcnow()
     with ledger.sessions() as session:
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     nodes = node_loads(workers)
-    idle_queues = {queue for node in nodes if node.free > 0 for queue in node.queues}
-    if not idle_queues:
+    tail_queues = _backup_queues(nodes)
+    if not tail_queues:
         return 0
     depths = queue_depths(app, settings)
-    if not any(depths.get(queue, 1) == 0 for queue in idle_queues):
+    if not any(depths.get(queue, 1) == 0 for queue in tail_queues):
         return 0  # every queue an idle worker could take from still has work (or cannot be counted)
     batches = in_transaction(ledger.sessions, lambda s: open_batches(s))
     if not batches:
@@ -88,3 +92,12 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     waiting = {queue for queue, depth in depths.items() if depth > 0}
     batches = [b for b in batches if queue_for_pool(b.pool) not in waiting]
     return send_backups(ledger, app, batches, nodes, set(), now, settings.missing_grace_s)
+
+
+def _backup_queues(nodes: Sequence[NodeLoad]) -> set[str]:
+    """Queues a backup could go to now: consumed by a node with an idle process and by a fully busy node
+    (backups_to_send copies only batches a fully busy node holds, and a node holds what its queues
+    deliver)."""
+    idle = {queue for node in nodes if node.free > 0 for queue in node.queues}
+    busy = {queue for node in nodes if node.free == 0 and node.held for queue in node.queues}
+    return idle & busy

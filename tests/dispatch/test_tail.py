@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from celery import Celery
 
 from db.batches_repo import mark_sent, open_batches
@@ -12,6 +13,7 @@ from db.models import utcnow
 from db.workers_repo import live_workers
 from detq.contract import backup_task_id_for, task_id_for
 from detq.settings import Settings
+from dispatch import tail
 from dispatch.backups import node_loads
 from dispatch.broker import queue_depths, read_broker
 from dispatch.send import send_batch
@@ -72,3 +74,24 @@ def test_two_passes_that_read_the_same_batch_send_one_backup(
     # Then one copy went out between them
     assert sent == [1, 0]
     assert queue_depths(app, settings)["cpu"] == 1
+
+
+@pytest.mark.parametrize("fast_holds", [False, True], ids=["idle fleet", "every node busy"])
+def test_a_pass_with_no_busy_node_beside_an_idle_one_reads_neither_the_queues_nor_the_batches(
+    ledger: Ledger, app: Celery, settings: Settings, monkeypatch: pytest.MonkeyPatch, fast_holds: bool
+) -> None:
+    # Given open batches sent a while ago, and either only idle nodes or only fully busy ones
+    _, first = job_with_batch(ledger)
+    _, second = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        mark_sent(s, [first, second], utcnow() - timedelta(seconds=60))
+    live_node(ledger, "slow", 1, [task_id_for(first)] if fast_holds else [])
+    live_node(ledger, "fast", 1, [task_id_for(second)] if fast_holds else [])
+
+    def not_read(*_: object) -> None:
+        raise AssertionError("read although no backup can be sent")
+
+    monkeypatch.setattr(tail, "queue_depths", not_read)
+    monkeypatch.setattr(tail, "open_batches", not_read)
+    # When the tail pass runs (the lease holder's, every half second), then it stops at the worker rows
+    assert tail_pass(ledger, app, settings) == 0
