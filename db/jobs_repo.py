@@ -155,6 +155,19 @@ _JOB_MODEL = (
 )
 
 
+_START_JOB = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("job_id"), _JOBS.c.started_at.is_(None))
+    .values(started_at=bindparam("now"))
+)
+
+
+def mark_started(session: Session, job_id: int, now: datetime) -> None:
+    """Set the job's started_at to now unless it is set: its first claim (a pool process calls this once
+    per job, so a long queue wait before it is not counted as the job's running time)."""
+    session.execute(_START_JOB, {"job_id": job_id, "now": now})
+
+
 def close_job_if_complete(session: Session, job_id: int, now: datetime, *, started: bool = False) -> bool:
     """Set finished_at (once) when the job is fully enqueued and none of its images is pending.
 
@@ -163,7 +176,8 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime, *, start
     queues behind every other such transaction of the job, and its pending check, a new statement under
     READ COMMITTED, sees their commits: two transactions cannot each see the other's image still pending.
     started: results were just written, so set started_at too if it is not set yet (read under the same
-    lock: the row is written once, not at every batch).
+    lock: the row is written once, not at every batch). A job's first claim sets it first (mark_started);
+    this covers results written with no claim (images already out of attempts).
     """
     job = session.execute(_LOCK_JOB, {"job_id": job_id}).one_or_none()
     if job is None:

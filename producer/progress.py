@@ -148,13 +148,26 @@ def wait_with_progress(
             time.sleep(pause)
 
 
-def summary_lines(status: JobStatus, reasons: Sequence[tuple[str, int]], elapsed_s: float) -> list[str]:
-    """The closing summary: counts, rate, time, and the most common reasons images did not end done."""
-    finished = status.total - status.pending
-    rate = f", {finished / elapsed_s:.1f} images/s" if elapsed_s > 0 and finished else ""
+# A wait for the first claim shorter than this is not worth a word in the summary.
+NOTED_WAIT_S = 1.0
+
+
+def time_taken(status: JobStatus) -> str:
+    """The job's time since its creation, its wait for a first claim where it had one (a busy queue,
+    no worker yet), and its images/s over the rest."""
+    took = format_duration(status.elapsed_s)
+    waited = status.queued_s
+    if waited is not None and waited >= NOTED_WAIT_S:
+        took += f" ({format_duration(waited)} of it before the first claim)"
+    rate = status.images_per_s
+    return f"{took}, {rate:.1f} images/s" if rate > 0 else took
+
+
+def summary_lines(status: JobStatus, reasons: Sequence[tuple[str, int]]) -> list[str]:
+    """The closing summary: counts, time, rate, and the most common reasons images did not end done."""
     lines = [
         f"job {status.job_id} finished: {status.done} done, {status.failed} failed, "
-        f"{status.rejected} rejected of {status.total} in {format_duration(elapsed_s)}{rate}"
+        f"{status.rejected} rejected of {status.total} in {time_taken(status)}"
     ]
     if status.cancelled:
         lines[0] = lines[0].replace(" rejected of", f" rejected, {status.cancelled} cancelled of")

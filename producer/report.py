@@ -18,7 +18,7 @@ from db.report_repo import failed_images, finish_times, label_counts, score_hist
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotated, colour_for
 from producer.charts import bar_chart, histogram, line_chart
-from producer.progress import format_duration
+from producer.progress import time_taken
 from producer.status import job_status
 
 THUMBNAILS = 24
@@ -77,15 +77,15 @@ def render_report(session: Session, job_id: int) -> str:
             caption = f"{escape(Path(image.path).name)}: {len(detections)} boxes"
             picture = f'<img src="{source}" alt="{escape(image.path)}">'
             figures.append(f"<figure>{picture}<figcaption>{caption}</figcaption></figure>")
-    rate = (status.total - status.pending) / status.elapsed_s if status.elapsed_s > 0 else 0.0
     facts = [
         ("state", status.state.value),
         ("images", f"{status.total}: {status.done} done, {status.failed} failed, {status.rejected} rejected"),
         ("detections", str(status.detections)),
         ("folders", ", ".join(status.roots)),
         ("model", status.model_sha256[:16]),
-        ("elapsed", f"{format_duration(status.elapsed_s)} ({rate:.1f} images/s)"),
+        ("elapsed", time_taken(status)),
         ("created", status.created_at),
+        ("first claim", status.started_at or "not yet"),
     ]
     if status.closed_reason:
         facts.append(("closed early", status.closed_reason))

@@ -35,13 +35,27 @@ class JobStatus:
     model_sha256: str
     created_at: str
     finished_at: str | None
-    elapsed_s: float
+    elapsed_s: float  # since the job was created: its wait in the queue included
+    started_at: str | None = None  # its first image claimed (None: not yet)
+    running_s: float | None = None  # since started_at: the time its images took, for the images/s
     closed_reason: str | None = None  # why the job was closed early (its producer died, the broker went)
     cancelled: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    @property
+    def images_per_s(self) -> float:
+        """Finished images per second of running time (of elapsed time for a job not started)."""
+        seconds = self.running_s if self.running_s is not None else self.elapsed_s
+        finished = self.total - self.pending
+        return finished / seconds if seconds > 0 else 0.0
+
+    @property
+    def queued_s(self) -> float | None:
+        """How long the job waited for its first claim (None: not started)."""
+        return None if self.running_s is None else max(0.0, self.elapsed_s - self.running_s)
 
 
 def job_state(job: Job, counts: JobCounts) -> JobState:
@@ -62,6 +76,7 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
     counts = job_counts(session, job_id, detections=detections)
     created = as_utc(job.created_at)
     end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
+    started = as_utc(job.started_at) if job.started_at else None
     return JobStatus(
         job_id=job.id,
         state=job_state(job, counts),
@@ -78,5 +93,7 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
         created_at=created.isoformat(),
         finished_at=as_utc(job.finished_at).isoformat() if job.finished_at else None,
         elapsed_s=round((end - created).total_seconds(), 3),
+        started_at=started.isoformat() if started else None,
+        running_s=round(max(0.0, (end - started).total_seconds()), 3) if started else None,
         closed_reason=job.closed_reason,
     )

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images
 from db.images_repo import ImageResult, PendingImage, finalise_results
-from db.jobs_repo import JobModel, job_model
+from db.jobs_repo import JobModel, job_model, mark_started
 from db.models import utcnow
 from db.retry import in_transaction
 from detq.vocabulary import ImageStatus
@@ -112,7 +112,8 @@ def _start(
     """One transaction: the job, which images are free, and the claim of those never started before.
 
     The job is read once per process (runtime.jobs); read again when none of the ids is its image, in
-    case it was deleted since.
+    case it was deleted since. The first claim a process makes in a job also sets the job's started_at
+    where it is not set yet (once per process and job: runtime.started_jobs).
     """
     cached = runtime.jobs.get(job_id)
     job = cached if cached is not None else _read_job(session, job_id)
@@ -122,9 +123,10 @@ def _start(
         job = _read_job(session, job_id)
     runtime.remember_job(job_id, job)
     fresh = [i for i in view.free if i.attempts == 0]
-    won = (
-        set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=utcnow())) if fresh else set()
-    )
+    now = utcnow()
+    won = set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=now)) if fresh else set()
+    if won and job_id not in runtime.started_jobs:
+        mark_started(session, job_id, now)  # the job's running time counts from its first claim
     return _Start(job=job, view=view, fresh=[i for i in fresh if i.id in won])
 
 
@@ -169,6 +171,8 @@ def process_batch(
     """
     start = in_transaction(runtime.ledger.sessions, lambda s: _start(s, runtime, job_id, image_ids, batch_id))
     job, view = start.job, start.view
+    if start.fresh:
+        runtime.remember_started(job_id)
     if view.found < len(image_ids):
         # A forged or corrupted message: ids of another job, or of no image at all. Nothing is written.
         log.warning(

@@ -37,6 +37,8 @@ class WorkerRuntime:
     models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
     # What batches need of their jobs (roots, model, pool), read once: a job's are never changed.
     jobs: OrderedDict[int, JobModel] = field(default_factory=OrderedDict)
+    # Jobs whose started_at this process has set, or seen set by its claim (at most MAX_CACHED_JOBS).
+    started_jobs: set[int] = field(default_factory=set)
     model_loads: int = 1
     decode_executor: ThreadPoolExecutor | None = None
     decode_threads: int = 1  # the executor's threads (none below 2)
@@ -93,6 +95,12 @@ class WorkerRuntime:
         self.jobs.move_to_end(job_id)
         while len(self.jobs) > MAX_CACHED_JOBS:
             self.jobs.popitem(last=False)
+
+    def remember_started(self, job_id: int) -> None:
+        """The job's started_at is set (this process's claim committed it, or found it set)."""
+        if len(self.started_jobs) >= MAX_CACHED_JOBS:
+            self.started_jobs.clear()  # one more no-op UPDATE for a job seen before, at worst
+        self.started_jobs.add(job_id)
 
     def close(self) -> None:
         """Close the worker row, stop the decode and idle threads, close the ledger's connections."""

@@ -50,6 +50,6 @@ def follow(
     if not quiet:
         with ledger.sessions() as session:
             reasons = top_reasons(session, job_id)
-        for line in summary_lines(final, reasons, final.elapsed_s):
+        for line in summary_lines(final, reasons):
             click.echo(line, err=True)
     return final

@@ -18,7 +18,7 @@ from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.files import write_atomically
-from producer.progress import exit_code_for, render_line
+from producer.progress import exit_code_for, render_line, time_taken
 from producer.requeue import requeue_missing
 from producer.status import JobNotFound, job_status
 
@@ -169,7 +169,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
     elif not wait:
         click.echo(render_line(current, rate=None))
         roots = ", ".join(current.roots)
-        click.echo(f"detections {current.detections}, elapsed {current.elapsed_s:.1f} s, roots {roots}")
+        click.echo(f"detections {current.detections}, elapsed {time_taken(current)}, roots {roots}")
         if current.closed_reason:
             click.echo(f"closed early: {current.closed_reason}")
         if hint:

@@ -4,13 +4,22 @@ delete_job, whose detections go with it also while a worker writes some (they ha
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
-from db.jobs_repo import JobModel, create_job, delete_job, get_or_create_model, job_counts, job_model
-from db.models import Batch, Detection, Image, Job
+from db.jobs_repo import (
+    JobModel,
+    create_job,
+    delete_job,
+    get_or_create_model,
+    job_counts,
+    job_model,
+    mark_started,
+)
+from db.models import Batch, Detection, Image, Job, as_utc, utcnow
 from detq.vocabulary import ImageStatus
 
 Factory = sessionmaker[Session]
@@ -110,6 +119,23 @@ def test_the_first_results_start_the_job_and_later_ones_leave_started_at_alone(f
     # Then the job still started when its first results came
     with factory() as session:
         assert session.get_one(Job, job_id).started_at == started
+
+
+def test_the_first_claim_starts_the_job_and_a_later_mark_or_result_leaves_it(factory: Factory) -> None:
+    # Given a job whose first image a process claimed a minute ago
+    job_id, model_id, image_ids = _job(factory, 2, "m")
+    first = utcnow() - timedelta(minutes=1)
+    with factory() as session, session.begin():
+        mark_started(session, job_id, first)
+    # When another process's first claim marks it again, and results are written
+    with factory() as session, session.begin():
+        mark_started(session, job_id, utcnow())
+    with factory() as session, session.begin():
+        finalise_results(session, job_id, model_id, _done(image_ids), worker="w", device="cpu")
+    # Then the job started at its first claim
+    with factory() as session:
+        started = session.get_one(Job, job_id).started_at
+    assert started is not None and as_utc(started) == first
 
 
 def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None:

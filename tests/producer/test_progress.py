@@ -14,6 +14,7 @@ from producer.progress import (
     format_duration,
     render_line,
     summary_lines,
+    time_taken,
     wait_with_progress,
 )
 from producer.status import JobStatus
@@ -78,11 +79,34 @@ def test_a_hint_is_printed_once_on_its_own_line() -> None:
 def test_summary_names_the_top_reasons_and_the_exit_code_tells_failures() -> None:
     clean = _status(3, 0, "finished")
     assert exit_code_for(clean) == 0
-    failed = JobStatus(**{**clean.as_dict(), "done": 1, "failed": 2})
-    lines = summary_lines(failed, [("empty file (0 bytes)", 2)], elapsed_s=4.0)
+    failed = JobStatus(**{**clean.as_dict(), "done": 1, "failed": 2, "elapsed_s": 4.0})
+    lines = summary_lines(failed, [("empty file (0 bytes)", 2)])
     assert lines[0].startswith("job 7 finished: 1 done, 2 failed, 0 rejected of 3 in 4s")
     assert lines[1].strip() == "2 x empty file (0 bytes)"
     assert exit_code_for(failed) == EXIT_FINISHED_WITH_FAILURES
+
+
+def test_the_rate_counts_from_the_first_claim_and_a_long_wait_before_it_is_named() -> None:
+    # Given a job of 100 images that waited 600 s in a busy queue, then ran 50 s
+    ran = JobStatus(
+        **{
+            **_status(100, 0, "finished").as_dict(),
+            "elapsed_s": 650.0,
+            "started_at": "2026-11-30T00:10:00+00:00",
+            "running_s": 50.0,
+        }
+    )
+    # Then its rate is over the 50 s it ran, and the summary names the wait
+    assert ran.images_per_s == 2.0
+    assert ran.queued_s == 600.0
+    taken = "10m50s (10m00s of it before the first claim), 2.0 images/s"
+    assert time_taken(ran) == taken
+    assert summary_lines(ran, [])[0].endswith(f"of 100 in {taken}")
+    # A job claimed within a second says nothing of it; one never started counts from its creation
+    prompt = JobStatus(**{**ran.as_dict(), "elapsed_s": 50.4, "running_s": 50.0})
+    assert time_taken(prompt) == "50s, 2.0 images/s"
+    waiting = JobStatus(**{**_status(0, 100).as_dict(), "elapsed_s": 30.0})
+    assert (waiting.queued_s, time_taken(waiting)) == (None, "30s")
 
 
 class FakeClock:

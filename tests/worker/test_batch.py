@@ -59,6 +59,23 @@ def test_a_batch_ends_every_image_done_with_boxes_in_original_pixels(
         assert session.get(Job, job.job_id).finished_at is not None  # type: ignore[union-attr]
 
 
+def test_a_jobs_first_claim_is_when_it_started(runtime: WorkerRuntime, stage: Stage, tmp_path: Path) -> None:
+    # Given a job of four images, queued as two batches
+    for name in ("a.jpg", "b.jpg", "c.jpg", "d.jpg"):
+        write_jpeg(tmp_path / name, (64, 48))
+    job = stage(tmp_path, ["a.jpg", "b.jpg", "c.jpg", "d.jpg"])
+    # When a process runs the first batch, then the second
+    process_batch(runtime, job.job_id, job.image_ids[:2])
+    process_batch(runtime, job.job_id, job.image_ids[2:])
+    # Then the job started when the first batch was claimed, not when its results were written
+    with runtime.ledger.sessions() as session:
+        started = session.get_one(Job, job.job_id).started_at
+        first_claim = session.scalar(select(func.min(Image.claimed_at)).where(Image.job_id == job.job_id))
+        first_finish = session.scalar(select(func.min(Image.finished_at)).where(Image.job_id == job.job_id))
+    assert started is not None and first_claim is not None and first_finish is not None
+    assert started == first_claim < first_finish
+
+
 def test_bad_files_fail_or_are_rejected_alone_and_their_batch_mates_finish(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
