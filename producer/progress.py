@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from types import TracebackType
 from typing import TextIO
 
 from detq.errors import DetqError
@@ -83,6 +85,50 @@ def render_line(status: JobStatus, rate: float | None, columns: int = 100) -> st
     return short[:columns]
 
 
+class _LiveLine:
+    """A progress line redrawn in place on a terminal (rich), with other lines printed above it.
+
+    rich is imported here, not with the module: `detq enqueue` imports this module, and rich's 40 ms
+    would delay its first task even when it does not wait; off a terminal (a pipe, a log, the bench) a
+    wait prints plain lines and never imports it, so its CPU is not taken from the workers beside it.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=stream, highlight=False)
+        self.live = Live(console=self.console, auto_refresh=False, transient=True)
+
+    @property
+    def width(self) -> int:
+        """The terminal's columns."""
+        return self.console.width
+
+    def show(self, line: str) -> None:
+        """Redraw the progress line."""
+        from rich.text import Text
+
+        self.live.update(Text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+
+    def say(self, line: str) -> None:
+        """A line that stays, above the progress line."""
+        self.console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+    def stop(self) -> None:
+        """Take the progress line off the screen."""
+        self.live.stop()
+
+    def __enter__(self) -> _LiveLine:
+        self.live.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.live.stop()
+
+
 def wait_with_progress(
     poll: Callable[[], JobStatus],
     *,
@@ -99,24 +145,19 @@ def wait_with_progress(
     `hint` (asked every hint_every_s) may say why nothing moves, e.g. that no worker listens; each new
     hint is printed once, on its own line.
     """
-    # rich is imported here, not with the module: `detq enqueue` imports this module, and rich's
-    # 40 ms would delay its first task even when it does not wait.
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    console = Console(file=stream, highlight=False)
     window = RateWindow()
     started = time.monotonic()
     last_plain = last_hint_check = -1e9
     shown_hint: str | None = None
-    live = Live(console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+    live = _LiveLine(stream) if stream.isatty() else None
 
     def say(line: str, *, progress: bool) -> None:
-        if live is not None and progress:
-            live.update(Text(line, no_wrap=True, overflow="ellipsis"), refresh=True)
+        if live is None:
+            print(line, file=stream, flush=True)
+        elif progress:
+            live.show(line)
         else:
-            console.print(line, soft_wrap=True, highlight=False, markup=False)
+            live.say(line)
 
     with live if live is not None else nullcontext():
         while True:
@@ -132,7 +173,8 @@ def wait_with_progress(
                 if message and message != shown_hint:
                     say(message, progress=False)
                 shown_hint = message
-            line = render_line(status, rate, columns=console.width)
+            columns = live.width if live is not None else shutil.get_terminal_size().columns
+            line = render_line(status, rate, columns=columns)
             if live is not None:
                 say(line, progress=True)
             elif done or now - last_plain >= PLAIN_LINE_EVERY_S:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -140,3 +143,52 @@ def test_a_slow_poll_is_repeated_less_often(monkeypatch: pytest.MonkeyPatch) -> 
     # Then after the slow read it paused 19 times as long (polling is at most 5% of the wait), and
     # after a quick one the interval
     assert clock.pauses == [1.9, 0.5]
+
+
+def test_a_wait_off_a_terminal_prints_plain_lines_without_loading_rich() -> None:
+    """A pipe or a log gets plain lines; rich's import is CPU taken from the workers beside the wait."""
+    code = (
+        "import io, sys\n"
+        "from producer.progress import wait_with_progress\n"
+        "from tests.producer.test_progress import _status\n"
+        "states = iter([_status(1, 2), _status(3, 0, 'finished')])\n"
+        "out = io.StringIO()\n"
+        "wait_with_progress(lambda: next(states), stream=out, interval_s=0)\n"
+        "assert 'rich' not in sys.modules, 'rich imported'\n"
+        "print(out.getvalue())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "3/3" in done.stdout and "\x1b[" not in done.stdout
+
+
+def test_a_wait_on_a_terminal_redraws_its_line_and_leaves_the_last_one() -> None:
+    # Given a terminal (a pseudo-terminal read from its other end)
+    leader, follower = os.openpty()
+    states = iter([_status(1, 2), _status(3, 0, "finished")])
+    with open(follower, "w", encoding="utf-8", closefd=True) as terminal:
+        # When a job is followed on it
+        final = wait_with_progress(lambda: next(states), stream=terminal, interval_s=0)
+    drawn = b""
+    while _readable(leader):
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and read to its end
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(leader)
+    text = drawn.decode("utf-8", "replace")
+    # Then the line was drawn, then redrawn in place (carriage return, erase line), and once the
+    # progress display is gone the finished line stays printed
+    assert final.state == "finished"
+    first, redrawn = text.split("\r\x1b[2K", 1)
+    assert "1/3 done" in first and "3/3 done" in redrawn
+    assert "3/3 done" in text.rsplit("\x1b[2K", 1)[1] and text.endswith("\r\n")
+
+
+def _readable(fd: int) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], 0.2)[0])
