@@ -88,9 +88,10 @@ def render_line(status: JobStatus, rate: float | None, columns: int = 100) -> st
 class _LiveLine:
     """A progress line redrawn in place on a terminal (rich), with other lines printed above it.
 
-    rich is imported here, not with the module: `detq enqueue` imports this module, and rich's 40 ms
-    would delay its first task even when it does not wait; off a terminal (a pipe, a log, the bench) a
-    wait prints plain lines and never imports it, so its CPU is not taken from the workers beside it.
+    rich is imported here, not with the module: `detq enqueue` imports this module, and rich's import
+    (about 30 ms of CPU) would delay its first task even when it does not wait; off a terminal (a pipe,
+    a log, the bench) a wait prints plain lines and never imports it, so that CPU is not taken from the
+    workers beside it.
     """
 
     def __init__(self, stream: TextIO) -> None:
