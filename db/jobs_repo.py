@@ -183,7 +183,7 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime, *, start
     if job is None:
         return False
     if started and job.started_at is None:
-        session.execute(update(Job).where(Job.id == job_id).values(started_at=now))
+        mark_started(session, job_id, now)
     if not job.enqueued_complete or job.finished_at is not None:
         return False
     pending = session.scalar(_ANY_PENDING, {"job_id": job_id})

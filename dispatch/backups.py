@@ -46,6 +46,15 @@ def node_loads(workers: Sequence[WorkerRecord]) -> list[NodeLoad]:
     return loads
 
 
+def queues_open_to_backups(nodes: Sequence[NodeLoad]) -> set[str]:
+    """Queues a backup copy could go to now: consumed both by a fully busy node (the only holder whose
+    batches get one; a node holds what its queues deliver) and by a node with an idle process to run it.
+    Outside them backups_to_send picks nothing, so a pass with none reads no further (dispatch/tail.py)."""
+    idle = {queue for node in nodes if node.free > 0 for queue in node.queues}
+    busy = {queue for node in nodes if node.free == 0 and node.held for queue in node.queues}
+    return idle & busy
+
+
 def backups_to_send(
     batches: Sequence[OpenBatch],
     nodes: Sequence[NodeLoad],

@@ -18,7 +18,7 @@ from db.retry import in_transaction
 from db.workers_repo import live_workers
 from detq.contract import queue_for_pool
 from detq.settings import Settings
-from dispatch.backups import NodeLoad, backups_to_send, node_loads
+from dispatch.backups import NodeLoad, backups_to_send, node_loads, queues_open_to_backups
 from dispatch.broker import queue_depths
 from dispatch.send import send_batch
 
@@ -79,7 +79,7 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     with ledger.sessions() as session:
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     nodes = node_loads(workers)
-    tail_queues = _backup_queues(nodes)
+    tail_queues = queues_open_to_backups(nodes)
     if not tail_queues:
         return 0
     depths = queue_depths(app, settings)
@@ -92,12 +92,3 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     waiting = {queue for queue, depth in depths.items() if depth > 0}
     batches = [b for b in batches if queue_for_pool(b.pool) not in waiting]
     return send_backups(ledger, app, batches, nodes, set(), now, settings.missing_grace_s)
-
-
-def _backup_queues(nodes: Sequence[NodeLoad]) -> set[str]:
-    """Queues a backup could go to now: consumed by a node with an idle process and by a fully busy node
-    (backups_to_send copies only batches a fully busy node holds, and a node holds what its queues
-    deliver)."""
-    idle = {queue for node in nodes if node.free > 0 for queue in node.queues}
-    busy = {queue for node in nodes if node.free == 0 and node.held for queue in node.queues}
-    return idle & busy

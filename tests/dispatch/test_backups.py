@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from db.batches_repo import OpenBatch
-from detq.contract import backup_task_id_for, task_id_for
-from dispatch.backups import NodeLoad, backups_to_send
+from detq.contract import backup_task_id_for, queue_for_pool, task_id_for
+from dispatch.backups import NodeLoad, backups_to_send, queues_open_to_backups
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(seconds=60)
@@ -72,3 +72,23 @@ def test_a_node_that_does_not_consume_the_queue_is_not_idle_capacity_for_it() ->
 
 def test_a_batch_no_node_holds_is_left_to_the_resend() -> None:
     assert _chosen([_batch(7)], [_node("fast", 2)]) == []
+
+
+def test_backups_go_only_to_queues_open_to_them() -> None:
+    # Given fleets: a busy slow node beside an idle one (on the same queues, or on the GPU queue only),
+    # only idle nodes, only busy ones
+    gpu_idle = NodeLoad("gpu", ("gpu",), 1, frozenset())
+    fleets = [
+        [_node("slow", 1, 7), _node("fast", 2, 8)],
+        [_node("slow", 1, 7), gpu_idle],
+        [_node("a", 2), _node("b", 1)],
+        [_node("slow", 1, 7), _node("fast", 1, 8)],
+    ]
+    batches = [_batch(7), _batch(8), _batch(9, pool="cpu")]
+    # Then the tail pass's precondition holds exactly where a backup can be chosen, and every backup
+    # chosen is on one of those queues
+    assert [sorted(queues_open_to_backups(nodes)) for nodes in fleets] == [["any", "cpu"], [], [], []]
+    for nodes in fleets:
+        chosen = backups_to_send(batches, nodes, set(), NOW, min_age_s=2)
+        assert {queue_for_pool(b.pool) for b in chosen} <= queues_open_to_backups(nodes)
+    assert _chosen(batches, fleets[0]) == [7]
