@@ -1,4 +1,5 @@
-"""Repository functions for models and jobs: registering a model, creating, finishing and counting jobs."""
+"""Repository functions for models and jobs: registering a model, creating, starting, finishing, cancelling
+and deleting jobs."""
 
 from __future__ import annotations
 
@@ -12,19 +13,6 @@ from sqlalchemy.orm import Session
 from db.models import Detection, Image, Job, ModelRecord, table_of, utcnow
 from db.upsert import insert_ignoring_conflicts
 from detq.vocabulary import ImageStatus
-
-
-@dataclass(frozen=True)
-class JobCounts:
-    """How many images of a job are in each state, and how many detections they have."""
-
-    total: int
-    pending: int
-    done: int
-    failed: int
-    rejected: int
-    detections: int
-    cancelled: int = 0
 
 
 def get_or_create_model(
@@ -227,50 +215,3 @@ def list_jobs(session: Session, limit: int = 20, *, hide_empty_runs: bool = Fals
         empty_run = (Job.schedule_name.is_not(None)) & Job.enqueued_complete.is_(True) & (Job.total == 0)
         query = query.where(~empty_run)
     return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
-
-
-def job_counts(session: Session, job_id: int, *, detections: bool = True) -> JobCounts:
-    """Images of the job by status (an index-only count on ix_images_job_status) and their detections
-    (detections=False: not counted, 0; on a job of 100,000 images with 10 boxes each, counting them
-    takes a progress poll from ~13 ms of PostgreSQL's time to ~100)."""
-    by_status: dict[str, int] = {
-        status: count
-        for status, count in session.execute(
-            select(Image.status, func.count()).where(Image.job_id == job_id).group_by(Image.status)
-        ).tuples()
-    }
-    boxes = (
-        session.scalar(
-            select(func.count())
-            .select_from(Detection)
-            .join(Image, Detection.image_id == Image.id)
-            .where(Image.job_id == job_id)
-        )
-        if detections
-        else 0
-    )
-    return JobCounts(
-        total=sum(by_status.values()),
-        pending=by_status.get(ImageStatus.PENDING.value, 0),
-        done=by_status.get(ImageStatus.DONE.value, 0),
-        failed=by_status.get(ImageStatus.FAILED.value, 0),
-        rejected=by_status.get(ImageStatus.REJECTED.value, 0),
-        cancelled=by_status.get(ImageStatus.CANCELLED.value, 0),
-        detections=boxes or 0,
-    )
-
-
-def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:
-    """The most common reasons the job's images failed or were rejected, with how many each."""
-    rows = session.execute(
-        select(Image.reason, func.count())
-        .where(
-            Image.job_id == job_id,
-            Image.status.in_([ImageStatus.FAILED.value, ImageStatus.REJECTED.value]),
-            Image.reason.is_not(None),
-        )
-        .group_by(Image.reason)
-        .order_by(func.count().desc(), Image.reason)
-        .limit(limit)
-    ).tuples()
-    return [(str(reason), int(count)) for reason, count in rows]

@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from db.images_repo import iter_ledger
-from db.jobs_repo import top_reasons
+from db.job_counts_repo import top_reasons
 from db.models import Detection
 from db.report_repo import failed_images, finish_times, label_counts, score_histogram
 from detq.vocabulary import ImageStatus

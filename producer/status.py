@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.jobs_repo import CANCELLED_REASON, JobCounts, get_job, job_counts
+from db.job_counts_repo import JobCounts, job_snapshot
+from db.jobs_repo import CANCELLED_REASON
 from db.models import Job, as_utc
 from detq.errors import DetqError
 from detq.vocabulary import JobState
@@ -70,10 +71,10 @@ def job_state(job: Job, counts: JobCounts) -> JobState:
 def job_status(session: Session, job_id: int, *, detections: bool = True) -> JobStatus:
     """Counts by status and the derived state of one job (detections=False: its detections not counted,
     0, for a progress poll)."""
-    job = get_job(session, job_id)
-    if job is None:
+    snapshot = job_snapshot(session, job_id, detections=detections)
+    if snapshot is None:
         raise JobNotFound(f"no job {job_id}")
-    counts = job_counts(session, job_id, detections=detections)
+    job, counts = snapshot.job, snapshot.counts
     created = as_utc(job.created_at)
     end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
     started = as_utc(job.started_at) if job.started_at else None
@@ -89,7 +90,7 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
         detections=counts.detections,
         pool=job.pool,
         roots=list(job.roots),
-        model_sha256=job.model.sha256,
+        model_sha256=snapshot.model_sha256,
         created_at=created.isoformat(),
         finished_at=as_utc(job.finished_at).isoformat() if job.finished_at else None,
         elapsed_s=round((end - created).total_seconds(), 3),

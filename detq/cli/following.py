@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import click
 
-from db.jobs_repo import get_job, top_reasons
+from db.job_counts_repo import top_reasons
+from db.jobs_repo import get_job
 from db.ledger import Ledger
 from db.models import utcnow
 from detq.settings import Settings

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from db.jobs_repo import job_counts
+from db.job_counts_repo import job_counts
 from db.models import Job, as_utc
 from db.schedules_repo import list_runs
 from detq.vocabulary import JobState

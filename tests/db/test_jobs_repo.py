@@ -15,7 +15,6 @@ from db.jobs_repo import (
     create_job,
     delete_job,
     get_or_create_model,
-    job_counts,
     job_model,
     mark_started,
 )
@@ -136,14 +135,3 @@ def test_the_first_claim_starts_the_job_and_a_later_mark_or_result_leaves_it(fac
     with factory() as session:
         started = session.get_one(Job, job_id).started_at
     assert started is not None and as_utc(started) == first
-
-
-def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None:
-    job_id, model_id, image_ids = _job(factory, 3, "n")
-    with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids[:2], boxes=4), worker="w", device="cpu")
-    with factory() as session:
-        full = job_counts(session, job_id)
-        quick = job_counts(session, job_id, detections=False)
-    assert (full.done, full.pending, full.detections) == (2, 1, 8)
-    assert (quick.done, quick.pending, quick.detections) == (2, 1, 0)

@@ -26,12 +26,12 @@ from db.images_repo import (
     pending_image_ids,
     record_results,
 )
+from db.job_counts_repo import job_counts
 from db.jobs_repo import (
     create_job,
     finish_enqueue,
     get_job,
     get_or_create_model,
-    job_counts,
     latest_job_id,
     list_jobs,
 )

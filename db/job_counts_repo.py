@@ -1,0 +1,116 @@
+"""How a job's images stand: their counts by status and detections, the job read with them in one
+statement for a progress poll, and the commonest reasons of its failures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Label, Select, func, select, true
+from sqlalchemy.orm import Session
+
+from db.models import Detection, Image, Job, ModelRecord
+from detq.vocabulary import ImageStatus
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """How many images of a job are in each state, and how many detections they have."""
+
+    total: int
+    pending: int
+    done: int
+    failed: int
+    rejected: int
+    detections: int
+    cancelled: int = 0
+
+
+def _counts(job_id: int) -> Select[int, int, int, int, int, int]:
+    """One row: the job's images in all and by status, an index-only scan of ix_images_job_status."""
+
+    def of(status: ImageStatus) -> Label[int]:
+        return func.count().filter(Image.status == status.value).label(status.value)
+
+    return select(
+        func.count().label("total"),
+        of(ImageStatus.PENDING),
+        of(ImageStatus.DONE),
+        of(ImageStatus.FAILED),
+        of(ImageStatus.REJECTED),
+        of(ImageStatus.CANCELLED),
+    ).where(Image.job_id == job_id)
+
+
+def _detections(session: Session, job_id: int) -> int:
+    """The detections of the job's images (on a job of 100,000 images with 10 boxes each, counting them
+    takes a progress poll from ~13 ms of PostgreSQL's time to ~100: a poll leaves them out)."""
+    boxes = session.scalar(
+        select(func.count())
+        .select_from(Detection)
+        .join(Image, Detection.image_id == Image.id)
+        .where(Image.job_id == job_id)
+    )
+    return boxes or 0
+
+
+def _job_counts(row: Sequence[Any], detections: int) -> JobCounts:
+    total, pending, done, failed, rejected, cancelled = row[-6:]
+    return JobCounts(
+        total=total,
+        pending=pending,
+        done=done,
+        failed=failed,
+        rejected=rejected,
+        cancelled=cancelled,
+        detections=detections,
+    )
+
+
+def job_counts(session: Session, job_id: int, *, detections: bool = True) -> JobCounts:
+    """Images of the job by status and their detections (detections=False: not counted, 0)."""
+    row = session.execute(_counts(job_id)).one()
+    return _job_counts(row, _detections(session, job_id) if detections else 0)
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """A job, its model's sha256 and its counts, as `detq status` and a progress poll read them."""
+
+    job: Job
+    model_sha256: str
+    counts: JobCounts
+
+
+def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> JobSnapshot | None:
+    """The job, its model's sha256 and its images by status in one statement (a `--wait` poll's one
+    round trip; three before: the job, its model, the counts); its detections in a second where asked.
+    None if there is no such job."""
+    counts = _counts(job_id).subquery("counts")
+    row = session.execute(
+        select(Job, ModelRecord.sha256, *counts.c)
+        .join(ModelRecord, Job.model_id == ModelRecord.id)
+        .join(counts, true())
+        .where(Job.id == job_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    boxes = _detections(session, job_id) if detections else 0
+    return JobSnapshot(job=row[0], model_sha256=row[1], counts=_job_counts(row, boxes))
+
+
+def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:
+    """The most common reasons the job's images failed or were rejected, with how many each."""
+    rows = session.execute(
+        select(Image.reason, func.count())
+        .where(
+            Image.job_id == job_id,
+            Image.status.in_([ImageStatus.FAILED.value, ImageStatus.REJECTED.value]),
+            Image.reason.is_not(None),
+        )
+        .group_by(Image.reason)
+        .order_by(func.count().desc(), Image.reason)
+        .limit(limit)
+    ).tuples()
+    return [(str(reason), int(count)) for reason, count in rows]
