@@ -17,6 +17,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Execution option a caller may set on an engine (engine.execution_options(...)) to begin SQLite
 # transactions with a plain deferred BEGIN, for read-only work that should not queue for the write lock.
 SQLITE_BEGIN_OPTION = "detq_sqlite_begin"
+# Execution option of read_only(engine): its transactions read and never write.
+READ_ONLY_OPTION = "detq_read_only"
+_QUERY_ONLY = "detq_query_only"  # in a pooled SQLite connection's info: PRAGMA query_only is on
 
 # PostgreSQL SQLSTATEs worth retrying: serialization failure, deadlock, lock not available, too many
 # connections, and the server shutting down or starting up. Class 08 (connection exception) is matched apart.
@@ -91,11 +94,36 @@ def _switch_to_wal(cursor: Any) -> None:
             cursor.execute("PRAGMA journal_mode=WAL")
 
 
+def read_only(engine: Engine) -> Engine:
+    """The engine for transactions that only read, sharing its pool: READ ONLY on PostgreSQL; on SQLite a
+    deferred BEGIN with PRAGMA query_only on, which in WAL mode reads a snapshot and takes no lock.
+
+    detq's other SQLite transactions begin IMMEDIATE (_on_sqlite_begin): a read among them holds the
+    database's write lock for as long as it lasts, and every worker's write waits for it, failing past
+    the busy timeout: an export piped into a pager, a report drawing its thumbnails. A write in one of
+    these transactions fails on either database instead of taking a lock.
+    """
+    options: dict[str, Any] = {READ_ONLY_OPTION: True}
+    if engine.dialect.name == "postgresql":
+        options["postgresql_readonly"] = True
+    return engine.execution_options(**options)
+
+
 def _on_sqlite_begin(conn: Connection) -> None:
     # BEGIN IMMEDIATE takes the write lock up front, waiting on busy_timeout. A deferred BEGIN would take it
     # at the first write, and SQLite fails such a read-to-write upgrade at once with "database is locked"
     # instead of waiting, when another process wrote since the transaction's first read.
-    mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+    options = conn.get_execution_options()
+    reads = bool(options.get(READ_ONLY_OPTION, False))
+    if reads != conn.info.get(_QUERY_ONLY, False):
+        # query_only belongs to the pooled connection, not to the transaction: on for a read_only one,
+        # off again for the next transaction that may write.
+        conn.exec_driver_sql(f"PRAGMA query_only={'ON' if reads else 'OFF'}")
+        conn.info[_QUERY_ONLY] = reads
+    if reads:
+        conn.exec_driver_sql("BEGIN DEFERRED")
+        return
+    mode = options.get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
     if mode not in ("IMMEDIATE", "DEFERRED", "EXCLUSIVE"):
         raise ValueError(f"{SQLITE_BEGIN_OPTION} must be IMMEDIATE, DEFERRED or EXCLUSIVE, not {mode!r}")
     conn.exec_driver_sql(f"BEGIN {mode}")

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.engine import make_engine, make_session_factory
+from db.engine import make_engine, make_session_factory, read_only
 from db.migrate import ensure_schema
 from detq.errors import DetqError
 from detq.settings import Settings
@@ -22,10 +22,15 @@ class LedgerUnavailable(DetqError):
 
 @dataclass(frozen=True)
 class Ledger:
-    """An open ledger: the engine (one pool of connections) and the sessions its callers open."""
+    """An open ledger: the engine (one pool of connections) and the sessions its callers open.
+
+    reads: sessions for work that only reads (db.engine.read_only), such as a status, an export, a
+    report: on SQLite they hold no worker's write back however long they last.
+    """
 
     engine: Engine
     sessions: sessionmaker[Session]
+    reads: sessionmaker[Session]
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -54,7 +59,9 @@ def open_ledger(settings: Settings, *, check_schema: bool = True) -> Ledger:
         except BaseException:
             engine.dispose()
             raise
-    return Ledger(engine=engine, sessions=make_session_factory(engine))
+    return Ledger(
+        engine=engine, sessions=make_session_factory(engine), reads=make_session_factory(read_only(engine))
+    )
 
 
 @contextmanager

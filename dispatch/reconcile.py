@@ -138,12 +138,12 @@ def reconcile(
     grace = settings.missing_grace_s if grace_s is None else grace_s
     report = ReconcileReport()
     _close_dead(ledger, settings, now, report)
-    batches = in_transaction(ledger.sessions, lambda s: open_batches(s, job_id))
+    batches = in_transaction(ledger.reads, lambda s: open_batches(s, job_id))
     if not batches:
         return report
     for batch in [b for b in batches if b.batch_id is None]:
         batches.extend(_batch_unbatched(ledger, batch, now))
-    with ledger.sessions() as session:
+    with ledger.reads() as session:
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     held = held_task_ids(workers)
     view = read_broker(app, settings)

@@ -76,7 +76,7 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     read of the worker rows a pass, not the broker's queues and the open batches too.
     """
     now = now or utcnow()
-    with ledger.sessions() as session:
+    with ledger.reads() as session:
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     nodes = node_loads(workers)
     tail_queues = queues_open_to_backups(nodes)
@@ -85,7 +85,7 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     depths = queue_depths(app, settings)
     if not any(depths.get(queue, 1) == 0 for queue in tail_queues):
         return 0  # every queue an idle worker could take from still has work (or cannot be counted)
-    batches = in_transaction(ledger.sessions, lambda s: open_batches(s))
+    batches = in_transaction(ledger.reads, lambda s: open_batches(s))
     if not batches:
         return 0
     # Queued task ids are not read here: a queue with a message in it is not at its tail.

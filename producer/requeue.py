@@ -26,7 +26,7 @@ def requeue_missing(ledger: Ledger, app: Celery, settings: Settings, job_id: int
     """Send again, now, each batch of the job with pending images and no copy queued or held by a live
     worker; a batch still queued behind a backlog is left alone. Safe to repeat: workers skip finished
     images, and the reconciler does the same by itself after DETQ_WORKER_TIMEOUT."""
-    with ledger.sessions() as session:
+    with ledger.reads() as session:
         if get_job(session, job_id) is None:
             raise JobNotFound(f"no job {job_id}")
     report = reconcile(ledger, app, settings, job_id=job_id, grace_s=0)

@@ -58,7 +58,7 @@ def _describe(settings: Settings) -> dict[str, Any]:
     }
     with ledger(settings, check_schema=False) as led:
         info["schema"] = {"current": current_revision(led.engine), "needed": head_revision()}
-        with led.sessions() as session:
+        with led.reads() as session:
             views = fleet(session, utcnow(), timeout_s=settings.worker_timeout)
     alive = [v for v in views if v.state == "alive"]
     info["workers"] = {
@@ -115,7 +115,7 @@ def info(as_json: bool) -> None:
 def workers(show_all: bool, check: bool, as_json: bool) -> None:
     """The fleet from its heartbeats: nodes and pool processes, device, model, rate, last seen."""
     settings = load_settings()
-    with ledger(settings) as led, led.sessions() as session:
+    with ledger(settings) as led, led.reads() as session:
         views = fleet(session, utcnow(), timeout_s=settings.worker_timeout, include_stopped=show_all)
     if check:
         here = [

@@ -21,7 +21,7 @@ def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[]
     """A hint for a job nobody can take: no live worker node consumes its queue."""
 
     def hint() -> str | None:
-        with ledger.sessions() as session:
+        with ledger.reads() as session:
             listening = listening_pools(fleet(session, utcnow(), timeout_s=settings.worker_timeout))
         if listening if pool == Pool.ANY else pool in listening:
             return None
@@ -37,19 +37,19 @@ def follow(
     """Wait for the job with live progress (on standard error); print the summary unless quiet."""
 
     def poll() -> JobStatus:
-        with ledger.sessions() as session:
+        with ledger.reads() as session:
             return job_status(session, job_id, detections=False)
 
-    with ledger.sessions() as session:
+    with ledger.reads() as session:
         job = get_job(session, job_id)  # its pool, for the hint; the polls count its images
         if job is None:
             raise JobNotFound(f"no job {job_id}")
         pool = job.pool
     wait_with_progress(poll, timeout_s=timeout_s, hint=no_worker_hint(ledger, settings, pool))
-    with ledger.sessions() as session:
+    with ledger.reads() as session:
         final = job_status(session, job_id)  # now with its detections counted, once
     if not quiet:
-        with ledger.sessions() as session:
+        with ledger.reads() as session:
             reasons = top_reasons(session, job_id)
         for line in summary_lines(final, reasons):
             click.echo(line, err=True)

@@ -152,7 +152,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
     """
     settings = load_settings()
     with ledger(settings) as led:
-        with led.sessions() as session:
+        with led.reads() as session:
             job_id = job or latest_job_id(session)
         if job_id is None:
             raise JobNotFound("no jobs yet")
@@ -160,7 +160,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         if wait:
             current = follow(led, settings, job_id, timeout_s=timeout, quiet=as_json)
         else:
-            with led.sessions() as session:
+            with led.reads() as session:
                 current = job_status(session, job_id)
             if not as_json and not current.state.ended:
                 hint = no_worker_hint(led, settings, current.pool)()
@@ -186,7 +186,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
 @JSON_OPTION
 def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     """Recent jobs with their state and counts."""
-    with ledger(load_settings()) as led, led.sessions() as session:
+    with ledger(load_settings()) as led, led.reads() as session:
         listed = list_jobs(session, limit, hide_empty_runs=not show_all)
         # The table shows no detection counts: only --json pays for them (a join over each job's boxes).
         statuses = [job_status(session, job.id, detections=as_json) for job in listed]
@@ -244,7 +244,7 @@ def export(job: int, fmt: str, output: Path | None) -> None:
     With -o, the file is written beside its final name and renamed over it once complete.
     """
     export_format = ExportFormat(fmt)
-    with ledger(load_settings()) as led, led.sessions() as session:
+    with ledger(load_settings()) as led, led.reads() as session:
         if output is None:
             export_job(session, job, export_format, sys.stdout)
             return

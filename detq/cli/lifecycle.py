@@ -47,7 +47,7 @@ def delete(job: int, yes: bool, as_json: bool) -> None:
     never touched.
     """
     with ledger(load_settings()) as led:
-        with led.sessions() as session:
+        with led.reads() as session:
             found = get_job(session, job)
             if found is None:
                 raise JobNotFound(f"no job {job}")

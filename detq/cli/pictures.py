@@ -35,7 +35,7 @@ def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
     are read only. Images moved away since the job ran are skipped.
     """
     written = skipped = 0
-    with ledger(load_settings()) as led, led.sessions() as session:
+    with ledger(load_settings()) as led, led.reads() as session:
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         for image, detections in iter_ledger(session, job):
@@ -72,7 +72,7 @@ def report(job: int, output: Path) -> None:
     Thumbnails with boxes, boxes per class, a score histogram, throughput over time per worker and
     device, and the failures with their reasons; one file, nothing fetched when it opens.
     """
-    with ledger(load_settings()) as led, led.sessions() as session:
+    with ledger(load_settings()) as led, led.reads() as session:
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         page = render_report(session, job)

@@ -114,7 +114,7 @@ def run(
         finally:
             if helpers is not None:
                 helpers.stop()
-        with led.sessions() as session:
+        with led.reads() as session:
             record = session.get_one(ModelRecord, model_id)
             written = write_results(session, record, [str(r) for r in roots], out, save_images=save_images)
     if as_json:
@@ -159,7 +159,7 @@ def _process(
     model_id, sha256 = model
     app = make_celery_app(settings)
     try:
-        with led.sessions() as session:
+        with led.reads() as session:
             earlier = jobs_over_roots(session, model_id, [str(r) for r in roots])
             unfinished = [job.id for job in earlier if job.finished_at is None]
         for job_id in unfinished:

@@ -96,7 +96,7 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
 
     New, changed, retried and skipped files, how the images ended, and the duration.
     """
-    with ledger(load_settings()) as led, led.sessions() as session:
+    with ledger(load_settings()) as led, led.reads() as session:
         summaries = run_summaries(session, schedule_name, limit)
     if as_json:
         print_json([r.as_dict() for r in summaries])

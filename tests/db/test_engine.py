@@ -13,7 +13,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from db.engine import SQLITE_BEGIN_OPTION, is_transient_error, make_engine, make_session_factory
+from db.engine import (
+    SQLITE_BEGIN_OPTION,
+    is_transient_error,
+    make_engine,
+    make_session_factory,
+    read_only,
+)
 from db.models import ModelRecord
 from tests.ledger_support import migrate
 
@@ -97,6 +103,55 @@ def test_sqlite_deferred_begin_can_be_chosen_for_readers(sqlite_engine: sa.Engin
             other.execute("ROLLBACK")
     finally:
         other.close()
+
+
+def test_sqlite_read_only_transactions_hold_no_lock_refuse_writes_and_leave_the_next_free(
+    sqlite_url: str,
+) -> None:
+    migrate(sqlite_url)
+    engine = make_engine(sqlite_url)
+    writes, reads = make_session_factory(engine), make_session_factory(read_only(engine))
+    other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=0, isolation_level=None)
+    try:
+        # Given a read-only session in the middle of a read (an export streaming its rows)
+        with reads() as session:
+            assert session.scalar(sa.select(sa.func.count()).select_from(ModelRecord)) == 0
+            # When another process writes, without waiting at all (busy timeout 0)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute(
+                "INSERT INTO models (sha256, path, size_bytes, meta, created_at)"
+                " VALUES ('a', '/m', 1, '{}', '2024-01-01')"
+            )
+            other.execute("COMMIT")  # Then it commits: the reader holds no lock (it fails for `writes`)
+            # And a write in the read-only session is refused by SQLite itself
+            with pytest.raises(exc.OperationalError, match="readonly"):
+                session.add(ModelRecord(sha256="b", path="/m", size_bytes=1, meta={}))
+                session.flush()
+        # And the next session on the same pooled connection writes as before
+        assert engine.pool.checkedin() == 1
+        with writes() as session, session.begin():
+            session.add(ModelRecord(sha256="c", path="/m", size_bytes=1, meta={}))
+        with reads() as session:
+            assert sorted(session.scalars(sa.select(ModelRecord.sha256))) == ["a", "c"]
+    finally:
+        other.close()
+        engine.dispose()
+
+
+def test_read_only_sessions_refuse_writes_on_both_databases(database_url: str) -> None:
+    migrate(database_url)
+    engine = make_engine(database_url)
+    try:
+        reads, writes = make_session_factory(read_only(engine)), make_session_factory(engine)
+        with reads() as session, pytest.raises(exc.DBAPIError, match="read-?only"):
+            session.add(ModelRecord(sha256="b", path="/m", size_bytes=1, meta={}))
+            session.flush()
+        with writes() as session, session.begin():
+            session.add(ModelRecord(sha256="c", path="/m", size_bytes=1, meta={}))
+        with reads() as session:
+            assert session.scalars(sa.select(ModelRecord.sha256)).all() == ["c"]
+    finally:
+        engine.dispose()
 
 
 def test_sqlite_foreign_keys_are_enforced(sqlite_url: str) -> None:
