@@ -14,9 +14,6 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
-# Execution option a caller may set on an engine (engine.execution_options(...)) to begin SQLite
-# transactions with a plain deferred BEGIN, for read-only work that should not queue for the write lock.
-SQLITE_BEGIN_OPTION = "detq_sqlite_begin"
 # Execution option of read_only(engine): its transactions read and never write.
 READ_ONLY_OPTION = "detq_read_only"
 _QUERY_ONLY = "detq_query_only"  # in a pooled SQLite connection's info: PRAGMA query_only is on
@@ -112,21 +109,15 @@ def read_only(engine: Engine) -> Engine:
 def _on_sqlite_begin(conn: Connection) -> None:
     # BEGIN IMMEDIATE takes the write lock up front, waiting on busy_timeout. A deferred BEGIN would take it
     # at the first write, and SQLite fails such a read-to-write upgrade at once with "database is locked"
-    # instead of waiting, when another process wrote since the transaction's first read.
-    options = conn.get_execution_options()
-    reads = bool(options.get(READ_ONLY_OPTION, False))
+    # instead of waiting, when another process wrote since the transaction's first read. A read_only
+    # transaction never writes: it begins deferred and takes no lock.
+    reads = bool(conn.get_execution_options().get(READ_ONLY_OPTION, False))
     if reads != conn.info.get(_QUERY_ONLY, False):
         # query_only belongs to the pooled connection, not to the transaction: on for a read_only one,
         # off again for the next transaction that may write.
         conn.exec_driver_sql(f"PRAGMA query_only={'ON' if reads else 'OFF'}")
         conn.info[_QUERY_ONLY] = reads
-    if reads:
-        conn.exec_driver_sql("BEGIN DEFERRED")
-        return
-    mode = options.get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
-    if mode not in ("IMMEDIATE", "DEFERRED", "EXCLUSIVE"):
-        raise ValueError(f"{SQLITE_BEGIN_OPTION} must be IMMEDIATE, DEFERRED or EXCLUSIVE, not {mode!r}")
-    conn.exec_driver_sql(f"BEGIN {mode}")
+    conn.exec_driver_sql("BEGIN DEFERRED" if reads else "BEGIN IMMEDIATE")
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

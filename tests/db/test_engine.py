@@ -14,7 +14,6 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 
 from db.engine import (
-    SQLITE_BEGIN_OPTION,
     is_transient_error,
     make_engine,
     make_session_factory,
@@ -89,18 +88,6 @@ def test_sqlite_transactions_begin_immediate(sqlite_engine: sa.Engine, sqlite_ur
         # And once the session ended, the lock is free again
         other.execute("BEGIN IMMEDIATE")
         other.execute("ROLLBACK")
-    finally:
-        other.close()
-
-
-def test_sqlite_deferred_begin_can_be_chosen_for_readers(sqlite_engine: sa.Engine, sqlite_url: str) -> None:
-    reader = make_session_factory(sqlite_engine.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"}))
-    other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=0, isolation_level=None)
-    try:
-        with reader() as session, session.begin():
-            session.execute(sa.text("select 1"))
-            other.execute("BEGIN IMMEDIATE")  # the reader holds no write lock
-            other.execute("ROLLBACK")
     finally:
         other.close()
 
