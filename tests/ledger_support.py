@@ -1,4 +1,5 @@
-"""Test helpers for the ledger: migrate a database by URL, read its revision, record the SQL sent."""
+"""Test helpers for the ledger: migrate a database by URL, read its revision, record the SQL sent, make a job
+of pending images and results with boxes for them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, event
+from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine
+from db.images_repo import DetectionRow, ImageResult, NewImage, insert_images
+from db.jobs_repo import create_job, get_or_create_model
 from db.migrate import current_revision, upgrade
+from detq.vocabulary import ImageStatus
 
 
 def migrate(url: str) -> None:
@@ -43,3 +48,18 @@ def sql_sent(engine: Engine) -> Iterator[list[str]]:
         yield seen
     finally:
         event.remove(engine, "before_cursor_execute", record)
+
+
+def pending_job(factory: sessionmaker[Session], images: int, name: str) -> tuple[int, int, list[int]]:
+    """A job of `images` pending images named /d/<name><i>.jpg: (job id, model id, image ids)."""
+    with factory() as session, session.begin():
+        model = get_or_create_model(session, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
+        new = [NewImage(path=f"/d/{name}{i}.jpg", size_bytes=1, mtime=1.0) for i in range(images)]
+        return job.id, model.id, insert_images(session, job.id, new)
+
+
+def done_results(image_ids: list[int], boxes: int = 3) -> list[ImageResult]:
+    """A done result with `boxes` identical boxes for each image."""
+    box = DetectionRow(label_id=2, label="dog", score=0.7, x1=1, y1=2, x2=3, y2=4)
+    return [ImageResult(image_id=i, status=ImageStatus.DONE, detections=(box,) * boxes) for i in image_ids]

@@ -5,33 +5,20 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
+from db.images_repo import ImageResult, finalise_results
 from db.job_counts_repo import job_counts, job_snapshot
-from db.jobs_repo import create_job, get_or_create_model
 from detq.vocabulary import ImageStatus
-from tests.ledger_support import sql_sent
+from tests.ledger_support import done_results, pending_job, sql_sent
 
 Factory = sessionmaker[Session]
 
 
-def _job(factory: Factory, images: int, name: str) -> tuple[int, int, list[int]]:
-    """A job of `images` pending images: (job id, model id, image ids)."""
-    with factory() as session, session.begin():
-        model = get_or_create_model(session, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
-        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
-        new = [NewImage(path=f"/d/{name}{i}.jpg", size_bytes=1, mtime=1.0) for i in range(images)]
-        return job.id, model.id, insert_images(session, job.id, new)
-
-
-def _done(image_ids: list[int], boxes: int = 3) -> list[ImageResult]:
-    box = DetectionRow(label_id=2, label="dog", score=0.7, x1=1, y1=2, x2=3, y2=4)
-    return [ImageResult(image_id=i, status=ImageStatus.DONE, detections=(box,) * boxes) for i in image_ids]
-
-
 def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None:
-    job_id, model_id, image_ids = _job(factory, 3, "n")
+    job_id, model_id, image_ids = pending_job(factory, 3, "n")
     with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids[:2], boxes=4), worker="w", device="cpu")
+        finalise_results(
+            session, job_id, model_id, done_results(image_ids[:2], boxes=4), worker="w", device="cpu"
+        )
     with factory() as session:
         full = job_counts(session, job_id)
         quick = job_counts(session, job_id, detections=False)
@@ -41,10 +28,12 @@ def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None
 
 def test_job_snapshot_reads_a_poll_in_one_statement(factory: Factory) -> None:
     # Given a job with two of its three images done, and a job with no images
-    job_id, model_id, image_ids = _job(factory, 3, "s")
-    empty, _, _ = _job(factory, 0, "e")
+    job_id, model_id, image_ids = pending_job(factory, 3, "s")
+    empty, _, _ = pending_job(factory, 0, "e")
     with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids[:2], boxes=4), worker="w", device="cpu")
+        finalise_results(
+            session, job_id, model_id, done_results(image_ids[:2], boxes=4), worker="w", device="cpu"
+        )
         fail = ImageResult(image_id=image_ids[2], status=ImageStatus.FAILED, reason="unreadable")
         finalise_results(session, job_id, model_id, [fail], worker="w", device="cpu")
     # When a progress poll reads it (detections left out)

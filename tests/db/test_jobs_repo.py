@@ -9,33 +9,17 @@ from datetime import timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
+from db.images_repo import finalise_results
 from db.jobs_repo import (
     JobModel,
-    create_job,
     delete_job,
-    get_or_create_model,
     job_model,
     mark_started,
 )
 from db.models import Batch, Detection, Image, Job, as_utc, utcnow
-from detq.vocabulary import ImageStatus
+from tests.ledger_support import done_results, pending_job
 
 Factory = sessionmaker[Session]
-
-
-def _job(factory: Factory, images: int, name: str) -> tuple[int, int, list[int]]:
-    """A job of `images` pending images: (job id, model id, image ids)."""
-    with factory() as session, session.begin():
-        model = get_or_create_model(session, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
-        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
-        new = [NewImage(path=f"/d/{name}{i}.jpg", size_bytes=1, mtime=1.0) for i in range(images)]
-        return job.id, model.id, insert_images(session, job.id, new)
-
-
-def _done(image_ids: list[int], boxes: int = 3) -> list[ImageResult]:
-    box = DetectionRow(label_id=2, label="dog", score=0.7, x1=1, y1=2, x2=3, y2=4)
-    return [ImageResult(image_id=i, status=ImageStatus.DONE, detections=(box,) * boxes) for i in image_ids]
 
 
 def _count(factory: Factory, model: type[Detection] | type[Image] | type[Batch]) -> int:
@@ -45,11 +29,11 @@ def _count(factory: Factory, model: type[Detection] | type[Image] | type[Batch])
 
 def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory: Factory) -> None:
     # Given two jobs with finished images and their detections
-    gone, model_id, gone_ids = _job(factory, 3, "a")
-    kept, _, kept_ids = _job(factory, 2, "b")
+    gone, model_id, gone_ids = pending_job(factory, 3, "a")
+    kept, _, kept_ids = pending_job(factory, 2, "b")
     with factory() as session, session.begin():
-        finalise_results(session, gone, model_id, _done(gone_ids), worker="w", device="cpu")
-        finalise_results(session, kept, model_id, _done(kept_ids), worker="w", device="cpu")
+        finalise_results(session, gone, model_id, done_results(gone_ids), worker="w", device="cpu")
+        finalise_results(session, kept, model_id, done_results(kept_ids), worker="w", device="cpu")
     # When the first is deleted
     with factory() as session, session.begin():
         assert delete_job(session, gone)
@@ -65,10 +49,12 @@ def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory:
 
 def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Factory) -> None:
     # Given a worker that has written results for two images of a job and not committed yet
-    job_id, model_id, image_ids = _job(factory, 4, "c")
+    job_id, model_id, image_ids = pending_job(factory, 4, "c")
     writer = factory()
     writer.begin()
-    written = finalise_results(writer, job_id, model_id, _done(image_ids[:2]), worker="w", device="cpu")
+    written = finalise_results(
+        writer, job_id, model_id, done_results(image_ids[:2]), worker="w", device="cpu"
+    )
     assert written == set(image_ids[:2])
     # When the job is deleted meanwhile
     deleted = threading.Event()
@@ -98,7 +84,7 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
 
 
 def test_job_model_reads_the_roots_the_model_and_the_pool_of_a_job(factory: Factory) -> None:
-    job_id, model_id, _ = _job(factory, 1, "m")
+    job_id, model_id, _ = pending_job(factory, 1, "m")
     with factory() as session:
         assert job_model(session, job_id) == JobModel(["/d"], model_id, "c" * 64, "/m.pt", "cpu")
         assert job_model(session, job_id + 1000) is None
@@ -106,15 +92,15 @@ def test_job_model_reads_the_roots_the_model_and_the_pool_of_a_job(factory: Fact
 
 def test_the_first_results_start_the_job_and_later_ones_leave_started_at_alone(factory: Factory) -> None:
     # Given a job whose first image has a result
-    job_id, model_id, image_ids = _job(factory, 2, "s")
+    job_id, model_id, image_ids = pending_job(factory, 2, "s")
     with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids[:1]), worker="w", device="cpu")
+        finalise_results(session, job_id, model_id, done_results(image_ids[:1]), worker="w", device="cpu")
     with factory() as session:
         started = session.get_one(Job, job_id).started_at
     assert started is not None
     # When the second one's result is written later
     with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids[1:]), worker="w", device="cpu")
+        finalise_results(session, job_id, model_id, done_results(image_ids[1:]), worker="w", device="cpu")
     # Then the job still started when its first results came
     with factory() as session:
         assert session.get_one(Job, job_id).started_at == started
@@ -122,7 +108,7 @@ def test_the_first_results_start_the_job_and_later_ones_leave_started_at_alone(f
 
 def test_the_first_claim_starts_the_job_and_a_later_mark_or_result_leaves_it(factory: Factory) -> None:
     # Given a job whose first image a process claimed a minute ago
-    job_id, model_id, image_ids = _job(factory, 2, "m")
+    job_id, model_id, image_ids = pending_job(factory, 2, "m")
     first = utcnow() - timedelta(minutes=1)
     with factory() as session, session.begin():
         mark_started(session, job_id, first)
@@ -130,7 +116,7 @@ def test_the_first_claim_starts_the_job_and_a_later_mark_or_result_leaves_it(fac
     with factory() as session, session.begin():
         mark_started(session, job_id, utcnow())
     with factory() as session, session.begin():
-        finalise_results(session, job_id, model_id, _done(image_ids), worker="w", device="cpu")
+        finalise_results(session, job_id, model_id, done_results(image_ids), worker="w", device="cpu")
     # Then the job started at its first claim
     with factory() as session:
         started = session.get_one(Job, job_id).started_at
