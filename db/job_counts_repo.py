@@ -3,11 +3,9 @@ statement for a progress poll, and the commonest reasons of its failures."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Label, Select, func, select, true
+from sqlalchemy import Label, RowMapping, Select, func, select, true
 from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, Job, ModelRecord
@@ -55,22 +53,22 @@ def _detections(session: Session, job_id: int) -> int:
     return boxes or 0
 
 
-def _job_counts(row: Sequence[Any], detections: int) -> JobCounts:
-    total, pending, done, failed, rejected, cancelled = row[-6:]
+def _job_counts(row: RowMapping, detections: int) -> JobCounts:
+    """The counts of a row holding _counts' columns, by their labels."""
     return JobCounts(
-        total=total,
-        pending=pending,
-        done=done,
-        failed=failed,
-        rejected=rejected,
-        cancelled=cancelled,
+        total=row["total"],
+        pending=row[ImageStatus.PENDING.value],
+        done=row[ImageStatus.DONE.value],
+        failed=row[ImageStatus.FAILED.value],
+        rejected=row[ImageStatus.REJECTED.value],
+        cancelled=row[ImageStatus.CANCELLED.value],
         detections=detections,
     )
 
 
 def job_counts(session: Session, job_id: int, *, detections: bool = True) -> JobCounts:
     """Images of the job by status and their detections (detections=False: not counted, 0)."""
-    row = session.execute(_counts(job_id)).one()
+    row = session.execute(_counts(job_id)).mappings().one()
     return _job_counts(row, _detections(session, job_id) if detections else 0)
 
 
@@ -97,7 +95,7 @@ def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> J
     if row is None:
         return None
     boxes = _detections(session, job_id) if detections else 0
-    return JobSnapshot(job=row[0], model_sha256=row[1], counts=_job_counts(row, boxes))
+    return JobSnapshot(job=row[0], model_sha256=row[1], counts=_job_counts(row._mapping, boxes))
 
 
 def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:

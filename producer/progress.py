@@ -151,6 +151,7 @@ def wait_with_progress(
     last_plain = last_hint_check = -1e9
     shown_hint: str | None = None
     live = _LiveLine(stream) if stream.isatty() else None
+    plain_columns = shutil.get_terminal_size().columns if live is None else 0  # read once, not per poll
 
     def say(line: str, *, progress: bool) -> None:
         if live is None:
@@ -174,7 +175,7 @@ def wait_with_progress(
                 if message and message != shown_hint:
                     say(message, progress=False)
                 shown_hint = message
-            columns = live.width if live is not None else shutil.get_terminal_size().columns
+            columns = live.width if live is not None else plain_columns
             line = render_line(status, rate, columns=columns)
             if live is not None:
                 say(line, progress=True)
