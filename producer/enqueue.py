@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from producer.enqueue_watch import EnqueueWatch
 from producer.fleet import processes_on_queue
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.read_ahead import ChunksAhead
-from producer.scan import ScannedFile, scan_roots
+from producer.scan import ScannedFile, ScanNotes, scan_roots
 from producer.sender import ChunkSender
 from producer.taper import tapered_sizes
 
@@ -64,6 +64,7 @@ class EnqueueResult:
     model_sha256: str
     counts: RunCounts | None = None  # what an incremental (only_new) scan found
     refused: int = 0  # files recorded as rejected at once (a name that is not UTF-8, a path too long)
+    notes: ScanNotes = field(default_factory=ScanNotes)  # what the scan passed over (unreadable folders)
 
 
 def check_roots(
@@ -140,7 +141,8 @@ def enqueue_folders(
 
     tally = Tally() if only_new else None
     recorded = 0  # rows, refused names included
-    files = scan_roots(resolved, recursive=recursive)
+    notes = ScanNotes()  # filled by the scan's thread, read once it has ended
+    files = scan_roots(resolved, recursive=recursive, notes=notes)
     with (
         EnqueueWatch(factory, job_id, heartbeat_s) as watch,
         ChunksAhead(files, INSERT_CHUNK) as chunks,
@@ -187,6 +189,7 @@ def enqueue_folders(
         model_sha256=sha256,
         counts=counts,
         refused=recorded - sender.images,
+        notes=notes,
     )
 
 

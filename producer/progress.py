@@ -31,8 +31,11 @@ class WaitTimeout(DetqError, TimeoutError):
     exit_code = EXIT_TIMED_OUT
 
 
-def format_duration(seconds: float) -> str:
-    """Seconds as 1h02m, 3m05s or 42s."""
+def format_duration(seconds: float, *, tenths: bool = False) -> str:
+    """Seconds as 1h02m, 3m05s or 42s; with tenths, under 10 s as 0.4s or 4.2s (a time taken, where an
+    estimate keeps whole seconds)."""
+    if tenths and seconds < 9.95:
+        return f"{max(0.0, seconds):.1f}s"
     seconds = max(0, int(round(seconds)))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
@@ -199,7 +202,7 @@ NOTED_WAIT_S = 1.0
 def time_taken(status: JobStatus) -> str:
     """The job's time since its creation, its wait for a first claim where it had one (a busy queue,
     no worker yet), and its images/s over the rest."""
-    took = format_duration(status.elapsed_s)
+    took = format_duration(status.elapsed_s, tenths=True)
     waited = status.queued_s
     if waited is not None and waited >= NOTED_WAIT_S:
         took += f" ({format_duration(waited)} of it before the first claim)"

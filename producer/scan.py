@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,16 +42,65 @@ def check_name(path: str) -> tuple[str, str | None]:
     return path, None
 
 
+@dataclass
+class ScanNotes:
+    """What a scan passed over, for its caller to tell: folders it could not list (whose images are in no
+    job), files of other types, and how many image files it found."""
+
+    images: int = 0
+    other_files: int = 0
+    other_example: str | None = None  # the first file of another type, to show what was passed over
+    unreadable_count: int = 0
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (folder, reason), the first ones
+
+    KEPT = 20  # unreadable folders named; the rest are counted
+
+    def passed_over(self, path: str) -> None:
+        """A file with no image extension."""
+        self.other_files += 1
+        if self.other_example is None:
+            self.other_example = path
+
+    def unreadable_folder(self, folder: str, error: OSError) -> None:
+        """A folder whose listing failed."""
+        self.unreadable_count += 1
+        if len(self.unreadable) < self.KEPT:
+            self.unreadable.append((folder, error.strerror or type(error).__name__))
+
+    def warnings(self, job_id: int, shown: int = 5) -> list[str]:
+        """What a user should hear of: the folders not read (the first `shown`), and a scan that found no
+        image file at all (a wrong folder, or images of a type detq does not read)."""
+        lines = [
+            f"cannot read folder {folder} ({reason}): its images are not in job {job_id}"
+            for folder, reason in self.unreadable[:shown]
+        ]
+        if self.unreadable_count > shown:
+            lines.append(f"and {self.unreadable_count - shown} more folders that could not be read")
+        if self.images == 0:
+            kinds = "file of another type" if self.other_files == 1 else "files of other types"
+            seen = (
+                f" ({self.other_files} {kinds}, such as {Path(self.other_example).name})"
+                if self.other_example is not None
+                else ""
+            )
+            lines.append(f"no image files found{seen}; detq reads {', '.join(sorted(IMAGE_EXTENSIONS))}")
+        return lines
+
+
 def is_image_name(name: str) -> bool:
     """True for file names with a known image extension (case-insensitive)."""
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def scan_roots(roots: Sequence[Path], *, recursive: bool = True) -> Iterator[ScannedFile]:
+def scan_roots(
+    roots: Sequence[Path], *, recursive: bool = True, notes: ScanNotes | None = None
+) -> Iterator[ScannedFile]:
     """Yield image files under each root in a stable order; hidden entries and symlinked folders are skipped.
 
     Symlinked files are yielded as found: the worker resolves them and rejects any that leave the root.
+    What it passes over (a folder it cannot list, a file of another type) goes into notes.
     """
+    notes = notes if notes is not None else ScanNotes()
     for index, root in enumerate(roots):
         stack = [str(root)]
         while stack:
@@ -58,7 +108,8 @@ def scan_roots(roots: Sequence[Path], *, recursive: bool = True) -> Iterator[Sca
             try:
                 with os.scandir(folder) as entries:
                     listing = sorted(entries, key=lambda e: e.name)
-            except OSError:
+            except OSError as error:  # unreadable, or gone since its parent was listed
+                notes.unreadable_folder(folder, error)
                 continue
             subfolders = []
             for entry in listing:
@@ -69,9 +120,11 @@ def scan_roots(roots: Sequence[Path], *, recursive: bool = True) -> Iterator[Sca
                         if recursive:
                             subfolders.append(entry.path)
                         continue
-                except OSError:
+                except OSError as error:
+                    notes.unreadable_folder(entry.path, error)
                     continue
                 if not is_image_name(entry.name):
+                    notes.passed_over(entry.path)
                     continue
                 try:
                     info = entry.stat()
@@ -79,5 +132,6 @@ def scan_roots(roots: Sequence[Path], *, recursive: bool = True) -> Iterator[Sca
                 except OSError:  # a dangling symlink: the worker records why it cannot be read
                     size, mtime = 0, 0.0
                 stored, refused = check_name(entry.path)
+                notes.images += 1
                 yield ScannedFile(stored, size, mtime, index, refused)
             stack.extend(reversed(subfolders))

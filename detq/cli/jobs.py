@@ -111,6 +111,8 @@ def enqueue(
             "job_id": result.job_id,
             "total": result.total,
             "batches": result.batches,
+            "unreadable_folders": [{"folder": f, "reason": r} for f, r in result.notes.unreadable],
+            "unreadable_count": result.notes.unreadable_count,
         }
         if result.counts is not None:
             payload.update(vars(result.counts))
@@ -121,6 +123,8 @@ def enqueue(
             click.echo(
                 f"job {result.job_id}: {result.total} images queued in {result.batches} batches ({pool})"
             )
+        for line in result.notes.warnings(result.job_id):
+            click.echo(f"detq enqueue: warning: {line}", err=True)
         final = follow(led, settings, result.job_id, timeout_s=timeout, quiet=as_json) if wait else None
         if final is None and result.total and not as_json:
             hint = no_worker_hint(led, settings, pool)()  # --wait says it as it follows

@@ -180,6 +180,8 @@ def _process(
             worker_timeout_s=settings.worker_timeout,
             model_sha256=sha256,
         )
+        for line in new.notes.warnings(new.job_id):
+            click.echo(f"detq run: warning: {line}", err=True)
         job_ids = [*unfinished, new.job_id]
         return [follow(led, settings, job_id, timeout_s=timeout, quiet=quiet) for job_id in job_ids]
     finally:

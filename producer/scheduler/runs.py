@@ -69,6 +69,8 @@ def run_schedule(
         log.info("detq scheduler: %s for %s already ran; nothing sent", key.schedule_name, key.scheduled_for)
         return RunOutcome(key=key, job_id=None)
     counts = result.counts or RunCounts()
+    for line in result.notes.warnings(result.job_id):
+        log.warning("detq scheduler: %s for %s: %s", key.schedule_name, key.scheduled_for, line)
     if result.total == 0:
         log.info(
             "detq scheduler: %s for %s: job %d, nothing new (%d skipped); finished at once",

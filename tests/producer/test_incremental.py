@@ -107,6 +107,7 @@ def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_pat
     # Then the first takes all three, the second none (they are pending elsewhere), the plain one all
     assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
     assert again.counts is not None and (again.total, again.counts.skipped) == (0, 3)
+    assert again.notes.images == 3 and again.notes.warnings(again.job_id) == []  # nothing new: no warning
     assert (plain.total, plain.counts) == (3, None)
     # And four batch messages wait in the broker, each under its batch's task id
     assert len(read_broker(app, settings).queued) == first.batches + plain.batches == 4

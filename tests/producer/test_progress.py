@@ -44,6 +44,9 @@ def _status(done: int, pending: int, state: str = "running") -> JobStatus:
 
 def test_durations() -> None:
     assert [format_duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
+    # A time taken keeps tenths under 10 s: a job of a quarter of a second did not take "0s"
+    taken = [format_duration(s, tenths=True) for s in (0.24, 4.4, 9.96, 65)]
+    assert taken == ["0.2s", "4.4s", "10s", "1m05s"]
 
 
 def test_rate_over_window() -> None:
@@ -84,7 +87,7 @@ def test_summary_names_the_top_reasons_and_the_exit_code_tells_failures() -> Non
     assert exit_code_for(clean) == 0
     failed = JobStatus(**{**clean.as_dict(), "done": 1, "failed": 2, "elapsed_s": 4.0})
     lines = summary_lines(failed, [("empty file (0 bytes)", 2)])
-    assert lines[0].startswith("job 7 finished: 1 done, 2 failed, 0 rejected of 3 in 4s")
+    assert lines[0].startswith("job 7 finished: 1 done, 2 failed, 0 rejected of 3 in 4.0s")
     assert lines[1].strip() == "2 x empty file (0 bytes)"
     assert exit_code_for(failed) == EXIT_FINISHED_WITH_FAILURES
 

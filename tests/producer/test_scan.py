@@ -1,11 +1,15 @@
-"""Folder scanning: image files only, hidden entries and symlinked folders skipped, stable order."""
+"""Folder scanning: image files only, hidden entries and symlinked folders skipped, stable order; what it
+passes over (unreadable folders, other files) noted."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-from producer.scan import is_image_name, scan_roots
+from producer.scan import ScanNotes, is_image_name, scan_roots
 
 
 def _touch(path: Path, data: bytes = b"x") -> None:
@@ -56,3 +60,95 @@ def test_root_index_follows_the_roots(tmp_path: Path) -> None:
 
 def test_extension_check_is_case_insensitive() -> None:
     assert is_image_name("X.JPG") and is_image_name("y.tiff") and not is_image_name("z.jpg.txt")
+
+
+def test_notes_count_images_and_the_files_passed_over(tmp_path: Path) -> None:
+    for name in ("a.jpg", "sub/b.png", "readme.txt", "sub/c.heic"):
+        _touch(tmp_path / name)
+    notes = ScanNotes()
+    assert len(list(scan_roots([tmp_path], notes=notes))) == 2
+    assert (notes.images, notes.other_files, notes.unreadable_count) == (2, 2, 0)
+    assert notes.other_example is not None and Path(notes.other_example).name == "readme.txt"
+    assert notes.warnings(job_id=3) == []
+
+
+def test_a_folder_gone_before_it_is_listed_is_noted_not_skipped_in_silence(tmp_path: Path) -> None:
+    # Given a root whose file is listed before its two subfolders are
+    _touch(tmp_path / "a.jpg")
+    _touch(tmp_path / "b" / "x.jpg")
+    _touch(tmp_path / "c" / "y.jpg")
+    notes = ScanNotes()
+    scan = scan_roots([tmp_path], notes=notes)
+    assert Path(next(scan).path).name == "a.jpg"
+    # When one subfolder disappears before the scan reaches it
+    (tmp_path / "c" / "y.jpg").unlink()
+    (tmp_path / "c").rmdir()
+    # Then the scan goes on and notes the folder with the reason
+    assert [Path(f.path).name for f in scan] == ["x.jpg"]
+    assert notes.unreadable == [(str(tmp_path / "c"), "No such file or directory")]
+    assert notes.warnings(job_id=3) == [
+        f"cannot read folder {tmp_path / 'c'} (No such file or directory): its images are not in job 3"
+    ]
+
+
+def _scan_as_nobody(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Scan in a child process that runs as user nobody (root reads any folder whatever its mode)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            notes = ScanNotes()
+            names = [Path(f.path).name for f in scan_roots([root], notes=notes)]
+            os.write(write, json.dumps([names, notes.unreadable]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        names, unreadable = json.loads(pipe.read() or "[[], []]")
+    os.waitpid(pid, 0)
+    return names, [(folder, reason) for folder, reason in unreadable]
+
+
+def test_a_folder_the_scan_may_not_read_is_noted_with_the_reason() -> None:
+    # Given a tree anyone may walk, with one subfolder no one but its owner may list
+    root = Path(tempfile.mkdtemp(prefix="detq-scan-"))
+    try:
+        root.chmod(0o755)
+        _touch(root / "open" / "a.jpg")
+        _touch(root / "locked" / "b.jpg")
+        for path in (root / "open", root / "open" / "a.jpg"):
+            path.chmod(0o755)
+        (root / "locked").chmod(0o000)
+        # When a user other than root scans it
+        if os.geteuid() == 0:
+            names, unreadable = _scan_as_nobody(root)
+        else:
+            notes = ScanNotes()
+            names = [Path(f.path).name for f in scan_roots([root], notes=notes)]
+            unreadable = notes.unreadable
+        # Then the readable images are found and the locked folder is named with why
+        assert names == ["a.jpg"]
+        assert unreadable == [(str(root / "locked"), "Permission denied")]
+    finally:
+        (root / "locked").chmod(0o755)
+        shutil.rmtree(root)
+
+
+def test_warnings_name_a_few_folders_then_count_and_say_when_no_image_was_found() -> None:
+    notes = ScanNotes()
+    for i in range(7):
+        notes.unreadable_folder(f"/data/f{i}", PermissionError(13, "Permission denied"))
+    notes.passed_over("/data/notes.txt")
+    lines = notes.warnings(job_id=9)
+    assert lines[0] == "cannot read folder /data/f0 (Permission denied): its images are not in job 9"
+    assert len(lines) == 7 and lines[5] == "and 2 more folders that could not be read"
+    assert lines[6] == (
+        "no image files found (1 file of another type, such as notes.txt); "
+        "detq reads .bmp, .gif, .jpeg, .jpg, .png, .tif, .tiff, .webp"
+    )
+    many = ScanNotes()
+    for i in range(ScanNotes.KEPT + 5):
+        many.unreadable_folder(f"/d/{i}", PermissionError(13, "Permission denied"))
+    assert (len(many.unreadable), many.unreadable_count) == (ScanNotes.KEPT, ScanNotes.KEPT + 5)

@@ -158,6 +158,29 @@ def test_jobs_status_and_export_on_a_real_embedded_ledger(
     assert capsys.readouterr().err.strip() == "detq status: no job 999"
 
 
+def test_a_folder_without_images_is_a_warning_and_json_names_the_unreadable_folders(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a folder that holds only a text file
+    folder = embedded / "docs"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not an image")
+    # When it is enqueued
+    assert main(["enqueue", str(folder), "--json"]) == 0
+    out, err = capsys.readouterr()
+    # Then the (empty) job is made, and stderr says why it is empty and what detq reads
+    payload = json.loads(out)
+    assert (payload["total"], payload["unreadable_count"], payload["unreadable_folders"]) == (0, 0, [])
+    assert err.strip() == (
+        "detq enqueue: warning: no image files found (1 file of another type, such as notes.txt); "
+        "detq reads .bmp, .gif, .jpeg, .jpg, .png, .tif, .tiff, .webp"
+    )
+    # And a folder with images gets no such warning
+    write_jpeg(folder / "a.jpg", (32, 32))
+    assert main(["enqueue", str(folder), "--pool", "any"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_job_no_worker_can_take_says_how_to_start_one(
     embedded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

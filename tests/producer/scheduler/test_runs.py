@@ -1,0 +1,40 @@
+"""A scheduled run: its job, and what its scan passed over said in the scheduler's log."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from detq.celery_app import make_celery_app
+from detq.settings import Settings
+from producer.scheduler.cron import CronSpec
+from producer.scheduler.runs import RunDefaults, run_schedule
+from producer.scheduler.schedules import Schedule
+
+MODEL = Path(__file__).resolve().parents[3] / "worker" / "assets" / "demo_detector.pt"
+
+
+def test_a_run_over_a_folder_without_images_says_so_in_the_log(
+    factory: sessionmaker[Session], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a schedule over a folder that holds no image (a wrong path in the schedules file, say)
+    folder = tmp_path / "camera"
+    folder.mkdir()
+    (folder / "clip.mp4").write_bytes(b"x")
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
+    schedule = Schedule(name="nightly", folders=(folder,), cron=CronSpec("0 2 * * *"))
+    defaults = RunDefaults(model=MODEL, batch_size=4, max_retries=2)
+    # When its run starts
+    with caplog.at_level(logging.WARNING, logger="producer.scheduler.runs"):
+        outcome = run_schedule(factory, app, schedule, datetime(2026, 12, 5, 2, tzinfo=UTC), defaults)
+    # Then the run has its (empty) job, and the log says why it is empty
+    assert outcome.job_id is not None and outcome.total == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "detq scheduler: nightly for 2026-12-05 02:00:00+00:00: no image files found (1 file of another"
+        " type, such as clip.mp4); detq reads .bmp, .gif, .jpeg, .jpg, .png, .tif, .tiff, .webp"
+    ]
