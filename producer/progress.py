@@ -205,7 +205,7 @@ def time_taken(status: JobStatus) -> str:
     took = format_duration(status.elapsed_s, tenths=True)
     waited = status.queued_s
     if waited is not None and waited >= NOTED_WAIT_S:
-        took += f" ({format_duration(waited)} of it before the first claim)"
+        took += f" ({format_duration(waited, tenths=True)} of it before the first claim)"
     rate = status.images_per_s
     return f"{took}, {rate:.1f} images/s" if rate > 0 else took
 

@@ -101,9 +101,11 @@ def run(
                     click.echo(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
-                helpers.start()
+                helpers.start()  # they load the model while the folders are scanned
+            job_ids = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
+            if job_ids and helpers is not None:
                 helpers.wait_ready()
-            finals = _process(led, settings, (model_id, sha256), roots, Pool(pool), timeout, as_json)
+            finals = [follow(led, settings, job_id, timeout_s=timeout, quiet=as_json) for job_id in job_ids]
             code = _exit_code(finals)
         except WaitTimeout as exc:
             click.echo(f"detq run: {exc}; results so far are written", err=True)
@@ -146,16 +148,16 @@ def _model_id(led: Ledger, model: Path, sha256: str) -> int:
         return record.id
 
 
-def _process(
+def _queue(
     led: Ledger,
     settings: Settings,
     model: tuple[int, str],
     roots: list[Path],
     pool: Pool,
-    timeout: float | None,
     quiet: bool,
-) -> list[JobStatus]:
-    """Finish earlier runs over these folders left unfinished, then queue and follow what is new."""
+) -> list[int]:
+    """Send again what earlier runs over these folders left unsent, queue what is new; the jobs to follow
+    (none when every image was done before: then no worker needs to be waited for)."""
     model_id, sha256 = model
     app = make_celery_app(settings)
     try:
@@ -180,12 +182,18 @@ def _process(
             worker_timeout_s=settings.worker_timeout,
             model_sha256=sha256,
         )
-        for line in new.notes.warnings(new.job_id):
-            click.echo(f"detq run: warning: {line}", err=True)
-        job_ids = [*unfinished, new.job_id]
-        return [follow(led, settings, job_id, timeout_s=timeout, quiet=quiet) for job_id in job_ids]
     finally:
         app.close()
+    for line in new.notes.warnings(new.job_id):
+        click.echo(f"detq run: warning: {line}", err=True)
+    if new.total == 0 and not quiet and not unfinished and new.notes.images:
+        skipped = new.counts.skipped if new.counts is not None else 0
+        click.echo(
+            f"nothing new to queue: {skipped} images found, none new or changed since this model's"
+            " earlier runs",
+            err=True,
+        )
+    return [*unfinished, new.job_id] if new.total else unfinished
 
 
 def _exit_code(finals: list[JobStatus]) -> int:
