@@ -18,7 +18,7 @@ from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.files import write_atomically
-from producer.progress import exit_code_for, render_line, time_taken
+from producer.progress import EXIT_FINISHED_WITH_FAILURES, exit_code_for, render_line, time_taken
 from producer.requeue import requeue_missing
 from producer.status import JobNotFound, job_status
 
@@ -123,9 +123,9 @@ def enqueue(
             click.echo(
                 f"job {result.job_id}: {result.total} images queued in {result.batches} batches ({pool})"
             )
-        for line in result.notes.warnings(result.job_id):
-            click.echo(f"detq enqueue: warning: {line}", err=True)
         final = follow(led, settings, result.job_id, timeout_s=timeout, quiet=as_json) if wait else None
+        for line in result.notes.warnings(result.job_id):  # after the summary: the last word
+            click.echo(f"detq enqueue: warning: {line}", err=True)
         if final is None and result.total and not as_json:
             hint = no_worker_hint(led, settings, pool)()  # --wait says it as it follows
             if hint:
@@ -137,7 +137,9 @@ def enqueue(
     elif final is None:
         click.echo(result.job_id)
     if final is not None:
-        raise SystemExit(exit_code_for(final))
+        # A folder the scan could not read left images out of the job: not every image is done.
+        unread = EXIT_FINISHED_WITH_FAILURES if result.notes.unreadable_count else 0
+        raise SystemExit(exit_code_for(final) or unread)
 
 
 @click.command(

@@ -102,11 +102,12 @@ def run(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
                 helpers.start()  # they load the model while the folders are scanned
-            job_ids = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
+            job_ids, unread = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
             if job_ids and helpers is not None:
                 helpers.wait_ready()
             finals = [follow(led, settings, job_id, timeout_s=timeout, quiet=as_json) for job_id in job_ids]
-            code = _exit_code(finals)
+            # A folder the scan could not read left images out: not every image is done.
+            code = _exit_code(finals) or (EXIT_FINISHED_WITH_FAILURES if unread else 0)
         except WaitTimeout as exc:
             click.echo(f"detq run: {exc}; results so far are written", err=True)
             code = EXIT_TIMED_OUT
@@ -155,9 +156,10 @@ def _queue(
     roots: list[Path],
     pool: Pool,
     quiet: bool,
-) -> list[int]:
+) -> tuple[list[int], int]:
     """Send again what earlier runs over these folders left unsent, queue what is new; the jobs to follow
-    (none when every image was done before: then no worker needs to be waited for)."""
+    (none when every image was done before: then no worker needs to be waited for) and how many folders
+    the scan could not read."""
     model_id, sha256 = model
     app = make_celery_app(settings)
     try:
@@ -193,7 +195,7 @@ def _queue(
             " earlier runs",
             err=True,
         )
-    return [*unfinished, new.job_id] if new.total else unfinished
+    return ([*unfinished, new.job_id] if new.total else unfinished), new.notes.unreadable_count
 
 
 def _exit_code(finals: list[JobStatus]) -> int:

@@ -181,6 +181,45 @@ def test_a_folder_without_images_is_a_warning_and_json_names_the_unreadable_fold
     assert "warning" not in capsys.readouterr().err
 
 
+def _folder_too_deep_to_list(root: Path) -> Path:
+    """A chain of folders under root whose last one's path is longer than the system's PATH_MAX (4096
+    bytes): made level by level through directory descriptors, it holds an image no scan can list, even
+    one run as root."""
+    name, fd = "d" * 250, os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    depth = 4400 // (len(name) + 1)  # past 4096 whatever the length of root
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("deep.jpg", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+    return root.joinpath(*[name] * depth)
+
+
+def test_a_folder_the_scan_cannot_read_is_named_and_fails_the_wait(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a folder whose only image lies in a folder too deep to list
+    folder = embedded / "deep"
+    folder.mkdir()
+    too_deep = _folder_too_deep_to_list(folder)
+    # When it is enqueued and waited for
+    code = main(["enqueue", str(folder), "--wait", "--json"])
+    out, err = capsys.readouterr()
+    payload = json.loads(out.strip().splitlines()[-1])
+    # Then the first folder past the limit is named with the reason, on stderr and in the JSON
+    unread = [row["folder"] for row in payload["unreadable_folders"]]
+    assert payload["unreadable_count"] == 1 and len(unread) == 1
+    assert too_deep.as_posix().startswith(unread[0]) and len(unread[0].encode()) > 4096
+    assert payload["unreadable_folders"][0]["reason"] == "File name too long"
+    assert f"warning: cannot read folder {unread[0]} (File name too long)" in err
+    # And the wait ends with exit 4, as for images that failed: not every image under the folder is done
+    assert (payload["total"], payload["state"], code) == (0, "finished", 4)
+
+
 def test_a_job_no_worker_can_take_says_how_to_start_one(
     embedded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
