@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -91,7 +92,7 @@ def run(
     start_here = settings.is_embedded_broker if local_workers is None else local_workers
     processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)
     helpers = LocalWorkers(settings, worker_pool, processes, out / "worker.log") if start_here else None
-    code = 0
+    code, unread = 0, 0
     sha256 = file_sha256(settings.model)  # once: a detector file can be hundreds of MB
     with ledger(settings) as led:
         model_id = _model_id(led, settings.model, sha256)
@@ -102,10 +103,11 @@ def run(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
                 helpers.start()  # they load the model while the folders are scanned
-            job_ids, unread = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
-            if job_ids and helpers is not None:
+            queued = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
+            unread = queued.unreadable
+            if queued.needs_workers and helpers is not None:
                 helpers.wait_ready()
-            finals = [follow(led, settings, job_id, timeout_s=timeout, quiet=as_json) for job_id in job_ids]
+            finals = [follow(led, settings, job, timeout_s=timeout, quiet=as_json) for job in queued.job_ids]
             # A folder the scan could not read left images out: not every image is done.
             code = _exit_code(finals) or (EXIT_FINISHED_WITH_FAILURES if unread else 0)
         except WaitTimeout as exc:
@@ -127,6 +129,7 @@ def run(
                 "images": written.images,
                 "detections": written.detections,
                 "annotated": written.annotated,
+                "unreadable_count": unread,
                 "exit_code": code,
             }
         )
@@ -149,6 +152,15 @@ def _model_id(led: Ledger, model: Path, sha256: str) -> int:
         return record.id
 
 
+class Queued(NamedTuple):
+    """What `detq run` queued: the jobs to follow, whether any has images for workers, and how many
+    folders the scan could not read."""
+
+    job_ids: list[int]
+    needs_workers: bool
+    unreadable: int
+
+
 def _queue(
     led: Ledger,
     settings: Settings,
@@ -156,10 +168,8 @@ def _queue(
     roots: list[Path],
     pool: Pool,
     quiet: bool,
-) -> tuple[list[int], int]:
-    """Send again what earlier runs over these folders left unsent, queue what is new; the jobs to follow
-    (none when every image was done before: then no worker needs to be waited for) and how many folders
-    the scan could not read."""
+) -> Queued:
+    """Send again what earlier runs over these folders left unsent, and queue what is new."""
     model_id, sha256 = model
     app = make_celery_app(settings)
     try:
@@ -188,14 +198,17 @@ def _queue(
         app.close()
     for line in new.notes.warnings(new.job_id):
         click.echo(f"detq run: warning: {line}", err=True)
-    if new.total == 0 and not quiet and not unfinished and new.notes.images:
+    if not new.total and not new.refused and not unfinished and not quiet and new.notes.images:
         skipped = new.counts.skipped if new.counts is not None else 0
         click.echo(
             f"nothing new to queue: {skipped} images found, none new or changed since this model's"
             " earlier runs",
             err=True,
         )
-    return ([*unfinished, new.job_id] if new.total else unfinished), new.notes.unreadable_count
+    # A new job of names refused at the scan only (rejected at once) is followed for its summary, with
+    # no worker to wait for.
+    followed = [*unfinished, new.job_id] if new.total or new.refused else unfinished
+    return Queued(followed, bool(new.total or unfinished), new.notes.unreadable_count)
 
 
 def _exit_code(finals: list[JobStatus]) -> int:

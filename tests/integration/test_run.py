@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -70,3 +71,26 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     assert "nothing new to queue: 64 images found, none new or changed" in third.stderr
     assert "ready on" not in (out / "worker.log").read_text()
     assert sorted(row["path"] for row in _done_lines(out)) == sorted(str(p) for p in images)
+
+
+def test_run_over_names_it_must_refuse_ends_rejected_without_waiting_for_workers(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given a folder whose only image has a name that is not UTF-8 (refused at the scan, rejected at once)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    os.close(os.open(bytes(folder) + b"/caf\xe9.jpg", os.O_WRONLY | os.O_CREAT))
+    out = tmp_path / "results"
+    # When `detq run` goes over it
+    done = subprocess.run(
+        [*DETQ, "run", str(folder), "--out", str(out), "--workers", "1", "--json"],
+        env=embedded.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Then it ends with exit 4 and the image's reason in the results, its workers never waited for
+    assert done.returncode == 4, done.stderr
+    (row,) = _done_lines(out)
+    assert row["status"] == "rejected" and "not valid UTF-8" in str(row["reason"])
+    assert "ready on" not in (out / "worker.log").read_text()
