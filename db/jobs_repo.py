@@ -209,9 +209,15 @@ def latest_job_id(session: Session) -> int | None:
 
 
 def list_jobs(session: Session, limit: int = 20, *, hide_empty_runs: bool = False) -> list[Job]:
-    """The newest jobs first; hide_empty_runs leaves out scheduled runs that found nothing new."""
+    """The newest jobs first; hide_empty_runs leaves out scheduled runs that found nothing new (not those
+    closed early: a run whose folder was missing queued nothing too, and is worth a look)."""
     query = select(Job)
     if hide_empty_runs:
-        empty_run = (Job.schedule_name.is_not(None)) & Job.enqueued_complete.is_(True) & (Job.total == 0)
+        empty_run = (
+            Job.schedule_name.is_not(None)
+            & Job.enqueued_complete.is_(True)
+            & (Job.total == 0)
+            & Job.closed_reason.is_(None)
+        )
         query = query.where(~empty_run)
     return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import create_batches, mark_sent
 from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
-from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
+from db.jobs_repo import close_enqueue, create_job, finish_enqueue, get_or_create_model
 from db.models import utcnow
 from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
@@ -50,6 +50,10 @@ class EnqueueError(DetqError, ValueError):
     """The request cannot become a job (missing folder, model, or a root outside the allowed roots)."""
 
 
+class UnusableRoots(EnqueueError):
+    """A root that is not a folder, or lies outside the allowed roots: nothing of the job can be scanned."""
+
+
 class RunAlreadyClaimed(Exception):
     """The scheduled run of this key already has a job (another scheduler, or a redelivered message)."""
 
@@ -78,15 +82,15 @@ def check_roots(
     for root in roots:
         path = root.expanduser().resolve()
         if not path.is_dir():
-            raise EnqueueError(f"not a folder: {root}")
+            raise UnusableRoots(f"not a folder: {root}")
         if allowed_roots and not any(path.is_relative_to(a) for a in allowed_roots):
-            raise EnqueueError(
+            raise UnusableRoots(
                 f"{path} is outside DETQ_ALLOWED_ROOTS; workers would reject every image in it"
             )
         if path not in resolved:
             resolved.append(path)
     if not resolved:
-        raise EnqueueError("no folder given")
+        raise UnusableRoots("no folder given")
     if recursive:
         resolved = [r for r in resolved if not any(r != o and r.is_relative_to(o) for o in resolved)]
     return resolved
@@ -123,7 +127,12 @@ def enqueue_folders(
         check_batch_size(batch_size)
     except ValueError as exc:
         raise EnqueueError(str(exc)) from None
-    resolved = check_roots(roots, allowed_roots, recursive=recursive)
+    try:
+        resolved = check_roots(roots, allowed_roots, recursive=recursive)
+    except UnusableRoots as exc:
+        if run_key is not None:  # a scheduled run says in the ledger why it queued nothing
+            _record_unusable_run(factory, model_path, model_sha256, run_key, roots, pool, batch_size, exc)
+        raise
     model_file = check_model_file(model_path)
     try:
         check_broker(app)
@@ -229,6 +238,27 @@ def _create_job(
         if claimed is None:
             raise RunAlreadyClaimed(f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job")
         return claimed, model.id
+
+
+def _record_unusable_run(
+    factory: sessionmaker[Session],
+    model_path: Path,
+    model_sha256: str | None,
+    run_key: RunKey,
+    roots: Sequence[Path],
+    pool: Pool,
+    batch_size: int,
+    error: UnusableRoots,
+) -> None:
+    """The scheduled run's job, closed at once with the reason its folders could not be scanned (a share
+    not mounted that night, say), so that `detq runs` shows the night; RunAlreadyClaimed if it exists."""
+    model_file = check_model_file(model_path)
+    sha256 = model_sha256 or file_sha256(model_file)
+    meta = read_embedded_meta(model_file)
+    job_id, _ = _create_job(factory, model_file, sha256, meta, roots, pool, batch_size, run_key)
+    in_transaction(
+        factory, partial(close_enqueue, job_id=job_id, reason=f"nothing queued: {error}", now=utcnow())
+    )
 
 
 def _record_chunk(

@@ -113,7 +113,7 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
             r.job_id,
             r.schedule,
             r.scheduled_for[:19],
-            "nothing new" if r.nothing_new else r.state.value,
+            r.shown_state,
             r.new,
             r.changed,
             r.retried,
@@ -125,3 +125,6 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
         for r in summaries
     ]
     click.echo(table(headers, rows))
+    for r in summaries:  # why a run closed early, under the table
+        if r.shown_state == "closed early":
+            click.echo(f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.closed_reason}")

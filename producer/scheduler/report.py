@@ -34,10 +34,18 @@ class RunSummary:
     pending: int
     duration_s: float
     nothing_new: bool
+    closed_reason: str | None = None  # why the run was closed early (its folder missing, its producer died)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    @property
+    def shown_state(self) -> str:
+        """The state as `detq runs` shows it: closed early and nothing new told apart from finished."""
+        if self.closed_reason and self.state is not JobState.CANCELLED:
+            return "closed early"
+        return "nothing new" if self.nothing_new else self.state.value
 
 
 def summarize_run(session: Session, job: Job) -> RunSummary:
@@ -59,7 +67,8 @@ def summarize_run(session: Session, job: Job) -> RunSummary:
         rejected=counts.rejected,
         pending=counts.pending,
         duration_s=round((end - as_utc(job.created_at)).total_seconds(), 3),
-        nothing_new=job.enqueued_complete and counts.total == 0,
+        nothing_new=job.enqueued_complete and counts.total == 0 and not job.closed_reason,
+        closed_reason=job.closed_reason,
     )
 
 

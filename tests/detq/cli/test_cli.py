@@ -337,12 +337,12 @@ def test_cancel_ends_pending_images_and_delete_removes_the_job(
     assert json.loads(capsys.readouterr().out) == []
 
 
-def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all(
+def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_closed_early(
     embedded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from datetime import UTC, datetime
 
-    from db.jobs_repo import finish_enqueue, get_or_create_model
+    from db.jobs_repo import close_enqueue, finish_enqueue, get_or_create_model
     from db.ledger import ledger
     from db.schedules_repo import RunKey, claim_run
 
@@ -362,6 +362,24 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all(
     assert json.loads(capsys.readouterr().out) == []
     assert main(["jobs", "--all", "--json"]) == 0
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [run]
+    # A run closed early (its folder missing that night) queued nothing too, but is shown, with why
+    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+        closed = claim_run(
+            s,
+            RunKey("nightly", datetime(2026, 12, 1, 2, tzinfo=UTC)),
+            model_id=model.id,
+            roots=["/nas"],
+            pool="any",
+            batch_size=16,
+        )
+        assert closed is not None
+        close_enqueue(s, closed, "nothing queued: not a folder: /nas", datetime.now(UTC))
+    assert main(["jobs", "--json"]) == 0
+    assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [closed]
+    assert main(["runs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "closed early" in lines[1] and "nothing new" in lines[2]
+    assert lines[-1] == f"job {closed} (nightly, 2026-12-01T02:00:00): nothing queued: not a folder: /nas"
 
 
 def test_the_command_line_loads_a_commands_module_only_when_it_runs() -> None:

@@ -1,4 +1,5 @@
-"""A scheduled run: its job, and what its scan passed over said in the scheduler's log."""
+"""A scheduled run: its job, what its scan passed over said in the scheduler's log, and a run whose folder
+is missing recorded closed with the reason."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
+from detq.vocabulary import JobState
+from producer.enqueue import EnqueueError
 from producer.scheduler.cron import CronSpec
+from producer.scheduler.report import run_summaries
 from producer.scheduler.runs import RunDefaults, run_schedule
 from producer.scheduler.schedules import Schedule
 
@@ -38,3 +42,28 @@ def test_a_run_over_a_folder_without_images_says_so_in_the_log(
         "detq scheduler: nightly for 2026-12-05 02:00:00+00:00: no image files found (1 file of another"
         " type, such as clip.mp4); detq reads .bmp, .gif, .jpeg, .jpg, .png, .tif, .tiff, .webp"
     ]
+
+
+def test_a_run_whose_folder_is_missing_is_recorded_closed_with_the_reason(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    # Given a schedule over a share that is not mounted tonight
+    missing = tmp_path / "nas" / "camera"
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
+    schedule = Schedule(name="nightly", folders=(missing,), cron=CronSpec("0 2 * * *"))
+    defaults = RunDefaults(model=MODEL, batch_size=4, max_retries=2)
+    tonight = datetime(2026, 12, 5, 2, tzinfo=UTC)
+    # When its run starts, it fails as before (the scheduler logs the error)
+    with pytest.raises(EnqueueError, match="not a folder"):
+        run_schedule(factory, app, schedule, tonight, defaults)
+    # Then the ledger has the night's run, closed at once with the reason, not shown as "nothing new"
+    with factory() as session:
+        (run,) = run_summaries(session)
+    assert (run.schedule, run.total, run.nothing_new) == ("nightly", 0, False)
+    assert run.shown_state == "closed early"
+    assert run.closed_reason == f"nothing queued: not a folder: {missing}"
+    assert run.state is JobState.FINISHED
+    # And the same run sent again (a redelivered message, a standby) does not make a second one
+    assert run_schedule(factory, app, schedule, tonight, defaults).job_id is None
+    with factory() as session:
+        assert [r.job_id for r in run_summaries(session)] == [run.job_id]
