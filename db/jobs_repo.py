@@ -3,6 +3,7 @@ and deleting jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -39,6 +40,16 @@ def finish_enqueue(session: Session, job_id: int, total: int) -> None:
         update(Job).where(Job.id == job_id).values(total=total, enqueued_complete=True, enqueued_at=now)
     )
     close_job_if_complete(session, job_id, now)
+
+
+def set_unreadable_folders(
+    session: Session, job_id: int, count: int, folders: Sequence[tuple[str, str]]
+) -> None:
+    """Record the folders the job's scan could not list: how many, and the first ones with their reasons."""
+    named = [{"folder": folder, "reason": reason} for folder, reason in folders]
+    session.execute(
+        update(Job).where(Job.id == job_id).values(unreadable_count=count, unreadable_folders=named)
+    )
 
 
 CANCELLED_REASON = "cancelled"

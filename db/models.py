@@ -88,6 +88,10 @@ class Job(Base):
     # by the reconciler with the images recorded so far, and closed_reason says so.
     enqueue_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     closed_reason: Mapped[str | None] = mapped_column(Text)
+    # Folders under the job's roots its scan could not list (migration 0007): their images are in no job.
+    # The first few as {"folder", "reason"}, and how many in all; None where every folder was read.
+    unreadable_count: Mapped[int | None] = mapped_column(Integer)
+    unreadable_folders: Mapped[list[dict[str, str]] | None] = mapped_column(JSON)
 
     model: Mapped[ModelRecord] = relationship()
 

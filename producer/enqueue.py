@@ -14,7 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import create_batches, mark_sent
 from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
-from db.jobs_repo import close_enqueue, create_job, finish_enqueue, get_or_create_model
+from db.jobs_repo import (
+    close_enqueue,
+    create_job,
+    finish_enqueue,
+    get_or_create_model,
+    set_unreadable_folders,
+)
 from db.models import utcnow
 from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
@@ -187,6 +193,8 @@ def enqueue_folders(
         mark_sent(session, sent, utcnow())
         if counts is not None:
             set_run_counts(session, job_id, counts)
+        if notes.unreadable_count:
+            set_unreadable_folders(session, job_id, notes.unreadable_count, notes.unreadable)
         finish_enqueue(session, job_id, recorded)
     if on_progress is not None:
         on_progress(sender.images, sender.batches)

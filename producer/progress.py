@@ -220,12 +220,21 @@ def summary_lines(status: JobStatus, reasons: Sequence[tuple[str, int]]) -> list
         lines[0] = lines[0].replace(" rejected of", f" rejected, {status.cancelled} cancelled of")
     if status.closed_reason:
         lines.append(f"  closed early: {status.closed_reason}")
+    if (unread := status.unreadable_line()) is not None:
+        lines.append(f"  {unread}")
     for reason, count in reasons:
         lines.append(f"  {count:>6} x {reason}")
     return lines
 
 
 def exit_code_for(status: JobStatus) -> int:
-    """0 when every image is done, EXIT_FINISHED_WITH_FAILURES when some failed or were rejected."""
-    troubled = status.failed or status.rejected or status.cancelled or status.closed_reason
+    """0 when every image is done, EXIT_FINISHED_WITH_FAILURES when some failed, were rejected or
+    cancelled, the job closed early, or its scan could not read a folder (images left out of it)."""
+    troubled = (
+        status.failed
+        or status.rejected
+        or status.cancelled
+        or status.closed_reason
+        or status.unreadable_count
+    )
     return EXIT_FINISHED_WITH_FAILURES if troubled else 0

@@ -89,6 +89,8 @@ def render_report(session: Session, job_id: int) -> str:
     ]
     if status.closed_reason:
         facts.append(("closed early", status.closed_reason))
+    if (unread := status.unreadable_line()) is not None:
+        facts.append(("not scanned", unread))
     reasons = top_reasons(session, job_id, limit=10)
     failures = failed_images(session, job_id)
     sections = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,10 +41,21 @@ class JobStatus:
     running_s: float | None = None  # since started_at: the time its images took, for the images/s
     closed_reason: str | None = None  # why the job was closed early (its producer died, the broker went)
     cancelled: int = 0
+    unreadable_count: int = 0  # folders its scan could not list: their images are in no job
+    unreadable_folders: list[dict[str, str]] = field(default_factory=list)  # the first, with reasons
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    def unreadable_line(self) -> str | None:
+        """A line on the folders not read, naming the first; None where every folder was read."""
+        if not self.unreadable_count:
+            return None
+        first = self.unreadable_folders[0] if self.unreadable_folders else None
+        such = f", such as {first['folder']} ({first['reason']})" if first else ""
+        plural = "folder" if self.unreadable_count == 1 else "folders"
+        return f"{self.unreadable_count} {plural} not read, their images in no job{such}"
 
     @property
     def images_per_s(self) -> float:
@@ -97,4 +108,6 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
         started_at=started.isoformat() if started else None,
         running_s=round(max(0.0, (end - started).total_seconds()), 3) if started else None,
         closed_reason=job.closed_reason,
+        unreadable_count=job.unreadable_count or 0,
+        unreadable_folders=list(job.unreadable_folders or []),
     )

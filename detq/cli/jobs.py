@@ -18,7 +18,7 @@ from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import export_job
 from producer.files import write_atomically
-from producer.progress import EXIT_FINISHED_WITH_FAILURES, exit_code_for, render_line, time_taken
+from producer.progress import exit_code_for, render_line, time_taken
 from producer.requeue import requeue_missing
 from producer.status import JobNotFound, job_status
 
@@ -137,9 +137,7 @@ def enqueue(
     elif final is None:
         click.echo(result.job_id)
     if final is not None:
-        # A folder the scan could not read left images out of the job: not every image is done.
-        unread = EXIT_FINISHED_WITH_FAILURES if result.notes.unreadable_count else 0
-        raise SystemExit(exit_code_for(final) or unread)
+        raise SystemExit(exit_code_for(final))  # exit 4 too where a folder was not read
 
 
 @click.command(
@@ -178,6 +176,8 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         click.echo(f"detections {current.detections}, elapsed {time_taken(current)}, roots {roots}")
         if current.closed_reason:
             click.echo(f"closed early: {current.closed_reason}")
+        if (unread := current.unreadable_line()) is not None:
+            click.echo(unread)
         if hint:
             click.echo(hint)
     if wait:

@@ -108,8 +108,7 @@ def run(
             if queued.needs_workers and helpers is not None:
                 helpers.wait_ready()
             finals = [follow(led, settings, job, timeout_s=timeout, quiet=as_json) for job in queued.job_ids]
-            # A folder the scan could not read left images out: not every image is done.
-            code = _exit_code(finals) or (EXIT_FINISHED_WITH_FAILURES if unread else 0)
+            code = _exit_code(finals)
         except WaitTimeout as exc:
             click.echo(f"detq run: {exc}; results so far are written", err=True)
             code = EXIT_TIMED_OUT
@@ -205,9 +204,10 @@ def _queue(
             " earlier runs",
             err=True,
         )
-    # A new job of names refused at the scan only (rejected at once) is followed for its summary, with
-    # no worker to wait for.
-    followed = [*unfinished, new.job_id] if new.total or new.refused else unfinished
+    # A new job of names refused at the scan only (rejected at once), or whose scan left folders unread, is
+    # followed for its summary and exit code, with no worker to wait for.
+    kept = new.total or new.refused or new.notes.unreadable_count
+    followed = [*unfinished, new.job_id] if kept else unfinished
     return Queued(followed, bool(new.total or unfinished), new.notes.unreadable_count)
 
 

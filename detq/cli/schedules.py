@@ -125,6 +125,11 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
         for r in summaries
     ]
     click.echo(table(headers, rows))
-    for r in summaries:  # why a run closed early, under the table
+    for r in summaries:  # why a run closed early, and folders a run could not read, under the table
         if r.shown_state == "closed early":
             click.echo(f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.closed_reason}")
+        if r.unreadable_count:
+            click.echo(
+                f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.unreadable_count} folders not"
+                f" read (detq status {r.job_id})"
+            )

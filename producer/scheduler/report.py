@@ -35,6 +35,7 @@ class RunSummary:
     duration_s: float
     nothing_new: bool
     closed_reason: str | None = None  # why the run was closed early (its folder missing, its producer died)
+    unreadable_count: int = 0  # folders its scan could not list
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -69,6 +70,7 @@ def summarize_run(session: Session, job: Job) -> RunSummary:
         duration_s=round((end - as_utc(job.created_at)).total_seconds(), 3),
         nothing_new=job.enqueued_complete and counts.total == 0 and not job.closed_reason,
         closed_reason=job.closed_reason,
+        unreadable_count=job.unreadable_count or 0,
     )
 
 

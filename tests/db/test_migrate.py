@@ -17,16 +17,17 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.orm import Session
 
 from db.engine import make_engine, make_session_factory
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
-from db.jobs_repo import create_job, get_or_create_model
+from db.jobs_repo import get_or_create_model
 from db.migrate import ensure_schema, head_revision, make_config, script_head, upgrade
-from db.models import Base
+from db.models import Base, utcnow
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0006"
+HEAD = "0007"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -196,20 +197,41 @@ def _detection_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in conn.execute(sa.text(query))]
 
 
+# The columns jobs has had since 0001: a job written at an older revision than the models' names only these.
+_JOBS_0001 = sa.table(
+    "jobs",
+    sa.column("id", sa.Integer),
+    sa.column("model_id", sa.Integer),
+    sa.column("roots", sa.JSON),
+    sa.column("pool", sa.String),
+    sa.column("batch_size", sa.Integer),
+    sa.column("total", sa.Integer),
+    sa.column("enqueued_complete", sa.Boolean),
+    sa.column("created_at", sa.DateTime(timezone=True)),
+)
+
+
+def _job_at_any_revision(session: Session, model_id: int) -> int:
+    """A job row written with the columns of revision 0001 (the model Job has columns added since)."""
+    values = {"model_id": model_id, "roots": ["/d"], "pool": "cpu", "batch_size": 4, "total": 0}
+    values |= {"enqueued_complete": False, "created_at": utcnow()}
+    return int(session.execute(sa.insert(_JOBS_0001).values(values).returning(_JOBS_0001.c.id)).scalar_one())
+
+
 def _ledger_with_detections(engine: sa.Engine, revision: str, boxes: int) -> None:
     """The ledger migrated to revision, with one finished image of `boxes` detections."""
     upgrade(engine, revision)
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
         model = get_or_create_model(session, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
-        job = create_job(session, model_id=model.id, roots=["/d"], pool="cpu", batch_size=4)
-        (image_id,) = insert_images(session, job.id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
+        job_id = _job_at_any_revision(session, model.id)
+        (image_id,) = insert_images(session, job_id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
         found = tuple(
             DetectionRow(label_id=i, label=f"c{i}", score=1 - i / 10, x1=i, y1=2, x2=3 + i, y2=4)
             for i in range(boxes)
         )
         result = ImageResult(image_id=image_id, status=ImageStatus.DONE, detections=found)
-        finalise_results(session, job.id, model.id, [result], worker="w", device="cpu")
+        finalise_results(session, job_id, model.id, [result], worker="w", device="cpu")
 
 
 def test_0004_drops_the_detections_foreign_keys_and_keeps_their_rows(database_url: str) -> None:
@@ -325,6 +347,31 @@ def test_0006_makes_images_unique_by_path_then_job_and_keeps_their_rows(database
         uniques, indexes = _unique_and_indexes(engine)
         assert uniques == {"uq_images_job_path": ["job_id", "path"]}
         assert indexes["ix_images_path"] == ["path"]
+        assert _image_rows(engine) == before
+    finally:
+        engine.dispose()
+
+
+def test_0007_gives_jobs_their_unreadable_folders_and_keeps_their_rows(database_url: str) -> None:
+    # Given a ledger at 0006 with a job and its image
+    engine = make_engine(database_url)
+    try:
+        _ledger_with_detections(engine, "0006", boxes=1)
+        before = _image_rows(engine)
+        # When it is upgraded to 0007
+        upgrade(engine, "0007")
+        engine.dispose()
+        # Then the job has the two columns, empty, and the tables are as the models say
+        with engine.connect() as conn:
+            found = conn.execute(sa.text("SELECT unreadable_count, unreadable_folders FROM jobs")).all()
+        assert found == [(None, None)]
+        assert _image_rows(engine) == before
+        assert _differences_of(database_url, "jobs") == []
+        # And a downgrade drops them, keeping the rows
+        command.downgrade(make_config(database_url), "0006")
+        engine.dispose()
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+        assert not {"unreadable_count", "unreadable_folders"} & columns
         assert _image_rows(engine) == before
     finally:
         engine.dispose()

@@ -218,6 +218,14 @@ def test_a_folder_the_scan_cannot_read_is_named_and_fails_the_wait(
     assert f"warning: cannot read folder {unread[0]} (File name too long)" in err
     # And the wait ends with exit 4, as for images that failed: not every image under the folder is done
     assert (payload["total"], payload["state"], code) == (0, "finished", 4)
+    # And the ledger keeps it: the job's status names the folder, in JSON and in text
+    assert main(["status", str(payload["job_id"]), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["unreadable_count"], status["unreadable_folders"]) == (1, payload["unreadable_folders"])
+    assert main(["status", str(payload["job_id"])]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"1 folder not read, their images in no job, such as {unread[0]} (File name too long)"
+    )
 
 
 def test_a_job_no_worker_can_take_says_how_to_start_one(
