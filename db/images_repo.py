@@ -271,11 +271,14 @@ def iter_ledger(session: Session, job_id: int, chunk: int = 1000) -> Iterator[tu
             return
         first, last = images[0].id, images[-1].id
         boxes: dict[int, list[Detection]] = defaultdict(list)
+        # The chunk's id range read along the detections' key (an image's boxes are all of its job's
+        # model: key order is rank order). No join on images: joined, SQLite walked every image of the job
+        # for each chunk (100,000 images: 10 s of a 21 s export). Boxes of another job's images in the range
+        # are read and passed over.
         for detection in session.scalars(
             select(Detection)
-            .join(Image, Detection.image_id == Image.id)
-            .where(Image.job_id == job_id, Detection.image_id >= first, Detection.image_id <= last)
-            .order_by(Detection.image_id, Detection.rank)
+            .where(Detection.image_id >= first, Detection.image_id <= last)
+            .order_by(Detection.image_id, Detection.model_id, Detection.rank)
         ):
             boxes[detection.image_id].append(detection)
         for image in images:

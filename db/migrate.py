@@ -58,10 +58,28 @@ def script_head() -> str | None:
     return ScriptDirectory.from_config(make_config("sqlite://")).get_current_head()
 
 
+def newer_than_known(current: str | None) -> bool:
+    """True for a revision past this detq's head: the ledger was migrated by a newer release. detq's
+    revisions are zero-padded numbers (0001, 0002, ...), so a later one compares greater."""
+    head = head_revision()
+    return current is not None and head is not None and current.isdigit() and int(current) > int(head)
+
+
+def _refuse_newer(current: str | None) -> None:
+    if newer_than_known(current):
+        raise SchemaError(
+            f"database schema is at {current}, newer than this detq knows ({head_revision()}): a newer"
+            " release migrated it; upgrade detq here to the release the others run"
+        )
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the engine's database to revision; safe to call from several processes at once."""
     config = make_config(engine.url)
     with _migration_file_lock(engine.url), engine.connect() as connection:
+        if revision == "head":  # Alembic would fail on a revision it has no file for, with a traceback
+            _refuse_newer(_revision_on(connection))
+            connection.rollback()
         if connection.dialect.name == "postgresql":
             _upgrade_postgresql(connection, config, revision)
         else:
@@ -71,9 +89,13 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at; None when it was never migrated."""
     with engine.connect() as connection:
-        if not inspect(connection).has_table(ALEMBIC_VERSION_TABLE):
-            return None
-        found = connection.execute(text(f"SELECT version_num FROM {ALEMBIC_VERSION_TABLE}")).scalars().all()
+        return _revision_on(connection)
+
+
+def _revision_on(connection: Connection) -> str | None:
+    if not inspect(connection).has_table(ALEMBIC_VERSION_TABLE):
+        return None
+    found = connection.execute(text(f"SELECT version_num FROM {ALEMBIC_VERSION_TABLE}")).scalars().all()
     if len(found) > 1:  # branches: not how detq's migrations are laid out; Alembic would refuse too
         raise SchemaError(f"database schema has several heads {sorted(found)}; this detq needs one")
     return found[0] if found else None
@@ -88,6 +110,7 @@ def ensure_schema(engine: Engine) -> None:
     head, current = head_revision(), current_revision(engine)
     if current == head:  # the usual case: a read, not a migration run (its start-up costs every command)
         return
+    _refuse_newer(current)
     if engine.dialect.name == "sqlite":
         if current is not None:  # an existing ledger: a table rebuilt on millions of rows takes a while
             log.warning("detq: upgrading the ledger %s from %s to %s", engine.url.database, current, head)

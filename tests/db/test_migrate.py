@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from db.engine import make_engine, make_session_factory
 from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import get_or_create_model
-from db.migrate import ensure_schema, head_revision, make_config, script_head, upgrade
+from db.migrate import SchemaError, ensure_schema, head_revision, make_config, script_head, upgrade
 from db.models import Base, utcnow
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
@@ -373,6 +373,23 @@ def test_0007_gives_jobs_their_unreadable_folders_and_keeps_their_rows(database_
         columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
         assert not {"unreadable_count", "unreadable_folders"} & columns
         assert _image_rows(engine) == before
+    finally:
+        engine.dispose()
+
+
+def test_a_ledger_migrated_by_a_newer_release_is_refused_in_one_line(database_url: str) -> None:
+    # Given a ledger that a newer release has migrated past this detq's last revision
+    migrate(database_url)
+    engine = make_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099'"))
+        # When this detq opens it, or is asked to upgrade it, Then it refuses with what to do, and the
+        # ledger is left as it was (an older release once "upgraded" it, then failed in Alembic)
+        for attempt in (ensure_schema, upgrade):
+            with pytest.raises(SchemaError, match=rf"at 0099, newer than this detq knows \({HEAD}\)"):
+                attempt(engine)
+        assert revision_of(database_url) == "0099"
     finally:
         engine.dispose()
 
