@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, Job
+from db.models import Image, Job
 from detq.vocabulary import ImageStatus
 
 
@@ -56,19 +56,3 @@ def latest_images(session: Session, job_ids: Sequence[int]) -> list[Image]:
         if current is None or key < (current.status == ImageStatus.PENDING, rank[current.job_id]):
             best[image.path] = image
     return sorted(best.values(), key=lambda image: image.path)
-
-
-def detections_of(
-    session: Session, image_ids: Sequence[int], chunk: int = 1000
-) -> dict[int, list[Detection]]:
-    """The detections of these images, by image id, in rank order."""
-    found: dict[int, list[Detection]] = defaultdict(list)
-    ids = list(image_ids)
-    for start in range(0, len(ids), chunk):
-        part = ids[start : start + chunk]
-        query = (
-            select(Detection).where(Detection.image_id.in_(part)).order_by(Detection.image_id, Detection.rank)
-        )
-        for detection in session.scalars(query):
-            found[detection.image_id].append(detection)
-    return dict(found)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
@@ -255,46 +254,3 @@ def pending_image_ids(session: Session, job_id: int) -> list[int]:
             .order_by(Image.id)
         )
     )
-
-
-def iter_ledger(session: Session, job_id: int, chunk: int = 1000) -> Iterator[tuple[Image, list[Detection]]]:
-    """Every image of the job by id with its detections by rank: two queries per chunk, keyset on id."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be positive, not {chunk}")
-    after: int | None = None
-    while True:
-        query = select(Image).where(Image.job_id == job_id).order_by(Image.id).limit(chunk)
-        if after is not None:
-            query = query.where(Image.id > after)
-        images = list(session.scalars(query))
-        if not images:
-            return
-        first, last = images[0].id, images[-1].id
-        boxes: dict[int, list[Detection]] = defaultdict(list)
-        # The chunk's id range read along the detections' key (an image's boxes are all of its job's
-        # model: key order is rank order). No join on images: joined, SQLite walked every image of the job
-        # for each chunk (100,000 images: 10 s of a 21 s export). Boxes of another job's images in the range
-        # are read and passed over.
-        for detection in session.scalars(
-            select(Detection)
-            .where(Detection.image_id >= first, Detection.image_id <= last)
-            .order_by(Detection.image_id, Detection.model_id, Detection.rank)
-        ):
-            boxes[detection.image_id].append(detection)
-        for image in images:
-            yield image, boxes.get(image.id, [])
-        if len(images) < chunk:
-            return
-        after = last
-
-
-def label_names(session: Session, job_id: int) -> dict[int, str]:
-    """label_id -> label among the job's detections."""
-    rows = session.execute(
-        select(Detection.label_id, func.min(Detection.label))
-        .join(Image, Detection.image_id == Image.id)
-        .where(Image.job_id == job_id)
-        .group_by(Detection.label_id)
-        .order_by(Detection.label_id)
-    ).tuples()
-    return {label_id: label for label_id, label in rows}

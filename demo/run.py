@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.images_repo import iter_ledger
+from db.export_repo import iter_ledger
 from db.ledger import ledger
 from demo.metrics import PredictedBox, precision_recall
 from demo.shapes import CLASSES, GroundTruthBox, load_ground_truth, write_dataset

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageOps
 
-from db.models import Detection
+from db.export_repo import Box
 
 # Distinct, readable on photos; a class keeps its colour across images and jobs.
 PALETTE = (
@@ -29,14 +29,14 @@ def colour_for(label_id: int) -> str:
     return PALETTE[label_id % len(PALETTE)]
 
 
-def annotate(image_path: Path, detections: Sequence[Detection], out_path: Path, max_side: int = 1600) -> None:
+def annotate(image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int = 1600) -> None:
     """Write a JPEG copy of the image (EXIF-upright, at most max_side) with its detections drawn."""
     canvas = annotated(image_path, detections, max_side)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out_path, "JPEG", quality=88)
 
 
-def annotated(image_path: Path, detections: Sequence[Detection], max_side: int) -> Image.Image:
+def annotated(image_path: Path, detections: Sequence[Box], max_side: int) -> Image.Image:
     """The image, EXIF-upright and at most max_side, with its detections drawn."""
     with Image.open(image_path) as opened:
         canvas = (ImageOps.exif_transpose(opened) or opened).convert("RGB")

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from db.images_repo import iter_ledger
+from db.export_repo import Box, iter_ledger
 from db.job_counts_repo import top_reasons
-from db.models import Detection
 from db.report_repo import failed_images, finish_times, label_counts, score_histogram
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotated, colour_for
@@ -50,7 +49,7 @@ def throughput_series(
     return dict(series), bucket_s
 
 
-def _thumbnail(path: Path, detections: list[Detection]) -> str | None:
+def _thumbnail(path: Path, detections: list[Box]) -> str | None:
     try:
         canvas = annotated(path, detections, THUMBNAIL_SIDE)
     except OSError:

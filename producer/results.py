@@ -11,8 +11,9 @@ from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
-from db.history_repo import detections_of, jobs_over_roots, latest_images
-from db.models import Detection, Image, ModelRecord
+from db.export_repo import Box, boxes_of
+from db.history_repo import jobs_over_roots, latest_images
+from db.models import Image, ModelRecord
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.export import class_names, coco_dataset, coco_result, image_record
@@ -35,7 +36,7 @@ def write_results(
     """Every image of these roots with its latest outcome under this model, across the runs over them."""
     jobs = jobs_over_roots(session, model.id, roots)
     images = latest_images(session, [job.id for job in jobs])
-    boxes = detections_of(session, [image.id for image in images])
+    boxes = boxes_of(session, [image.id for image in images])
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(out_dir / "detections.jsonl", lambda out: _write_lines(out, images, boxes))
     done = [(image, boxes.get(image.id, [])) for image in images if image.status == ImageStatus.DONE]
@@ -54,7 +55,7 @@ def write_results(
     return WrittenResults(images=len(images), detections=len(results), annotated=annotated, files=files)
 
 
-def _write_lines(out: TextIO, images: Sequence[Image], boxes: dict[int, list[Detection]]) -> None:
+def _write_lines(out: TextIO, images: Sequence[Image], boxes: dict[int, list[Box]]) -> None:
     for image in images:
         out.write(json.dumps(image_record(image, boxes.get(image.id, [])), ensure_ascii=False) + "\n")
 

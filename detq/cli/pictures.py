@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from db.images_repo import iter_ledger
+from db.export_repo import iter_ledger
 from db.jobs_repo import get_job
 from db.ledger import ledger
 from detq.cli.base import DetqCommand, examples, load_settings

@@ -15,13 +15,12 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_session_factory
+from db.export_repo import iter_ledger, label_names
 from db.images_repo import (
     DetectionRow,
     ImageResult,
     NewImage,
     insert_images,
-    iter_ledger,
-    label_names,
     load_images,
     pending_image_ids,
     record_results,

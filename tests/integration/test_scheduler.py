@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from db.engine import make_engine, make_session_factory
-from db.images_repo import iter_ledger
+from db.export_repo import iter_ledger
 from demo.shapes import write_dataset
 from producer.scheduler.report import RunSummary, run_summaries
 from tests.integration.harness import Deployment, WorkerHandle, running_worker, stop_worker
