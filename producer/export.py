@@ -102,31 +102,18 @@ def class_names(session: Session, model: ModelRecord, job_ids: Sequence[int]) ->
     return names
 
 
-def _coco_image(image: Image) -> dict[str, Any]:
+def coco_image(image: Image) -> dict[str, Any]:
     return {"id": image.id, "file_name": image.path, "width": image.width, "height": image.height}
 
 
-def _coco_annotation(image_id: int, det: Box, number: int) -> dict[str, Any]:
+def coco_annotation(image_id: int, det: Box, number: int) -> dict[str, Any]:
     entry = coco_result(image_id, det)
     _, _, w, h = entry["bbox"]
     return {**entry, "id": number, "area": round(w * h, 2), "iscrowd": 0}
 
 
-def _coco_categories(names: dict[int, str]) -> list[dict[str, Any]]:
+def coco_categories(names: dict[int, str]) -> list[dict[str, Any]]:
     return [{"id": i, "name": n} for i, n in sorted(names.items())]
-
-
-def coco_dataset(
-    done: Sequence[tuple[Image, Sequence[Box]]], names: dict[int, str], info: dict[str, Any]
-) -> dict[str, Any]:
-    """The COCO dataset form of finished images: images, categories, annotations with their scores."""
-    boxes = ((image.id, det) for image, dets in done for det in dets)
-    return {
-        "info": info,
-        "images": [_coco_image(image) for image, _ in done],
-        "categories": _coco_categories(names),
-        "annotations": [_coco_annotation(i, det, n) for n, (i, det) in enumerate(boxes, start=1)],
-    }
 
 
 def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
@@ -138,7 +125,7 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
     if job is None:
         raise JobNotFound(f"no job {job_id}")
     info = {"description": f"detq job {job_id}", "model_sha256": job.model.sha256}
-    categories = _coco_categories(class_names(session, job.model, [job_id]))
+    categories = coco_categories(class_names(session, job.model, [job_id]))
 
     def dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
@@ -147,7 +134,7 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
     images = 0
     for image, _ in iter_ledger(session, job_id, boxes=False):
         if image.status == ImageStatus.DONE:
-            out.write((", " if images else "") + dumps(_coco_image(image)))
+            out.write((", " if images else "") + dumps(coco_image(image)))
             images += 1
     out.write(f'], "categories": {dumps(categories)}, "annotations": [')
     count = 0
@@ -156,7 +143,7 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
             continue
         for det in detections:
             count += 1
-            out.write((", " if count > 1 else "") + dumps(_coco_annotation(image.id, det, count)))
+            out.write((", " if count > 1 else "") + dumps(coco_annotation(image.id, det, count)))
     out.write("]}\n")
     return count
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +13,19 @@ from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
-from db.export_repo import Box, boxes_of
-from db.history_repo import jobs_over_roots, latest_images
+from db.export_repo import images_with_boxes
+from db.history_repo import jobs_over_roots, latest_image_ids
 from db.models import Image, ModelRecord
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
-from producer.export import class_names, coco_dataset, coco_result, image_record
+from producer.export import (
+    class_names,
+    coco_annotation,
+    coco_categories,
+    coco_image,
+    coco_result,
+    image_record,
+)
 from producer.files import write_atomically
 
 
@@ -28,41 +37,77 @@ class WrittenResults:
     detections: int
     annotated: int
     files: list[str]
+    not_annotated: int = 0  # with save_images: done images that could not be read to draw on
 
 
 def write_results(
     session: Session, model: ModelRecord, roots: Sequence[str], out_dir: Path, *, save_images: bool
 ) -> WrittenResults:
-    """Every image of these roots with its latest outcome under this model, across the runs over them."""
+    """Every image of these roots with its latest outcome under this model, across the runs over them.
+
+    One pass over the images, a chunk at a time, writes the three files together (the dataset's
+    annotations spooled, then appended after its images), so memory holds a chunk whatever the folder's
+    size (a folder of 100,000 images of 10 boxes took 1.6 GB when they were all loaded first).
+    """
     jobs = jobs_over_roots(session, model.id, roots)
-    images = latest_images(session, [job.id for job in jobs])
-    boxes = boxes_of(session, [image.id for image in images])
+    job_ids = [job.id for job in jobs]
+    image_ids = latest_image_ids(session, job_ids)
+    info = {"description": f"detq results of {', '.join(roots)}"}
+    categories = coco_categories(class_names(session, model, job_ids))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(out_dir / "detections.jsonl", lambda out: _write_lines(out, images, boxes))
-    done = [(image, boxes.get(image.id, [])) for image in images if image.status == ImageStatus.DONE]
-    results = [coco_result(image.id, det) for image, dets in done for det in dets]
-    names = class_names(session, model, [job.id for job in jobs])
-    dataset = coco_dataset(done, names, {"description": f"detq results of {', '.join(roots)}"})
-    write_atomically(out_dir / "coco_results.json", lambda out: _write_json(out, results))
-    write_atomically(out_dir / "coco_dataset.json", lambda out: _write_json(out, dataset))
+    counts = {"detections": 0, "annotated": 0, "not_annotated": 0}
+
+    def write_all(lines: TextIO, results: TextIO, dataset: TextIO) -> None:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", dir=out_dir) as annotations:
+            results.write("[")
+            dataset.write(f'{{"info": {_dumps(info)}, "images": [')
+            done = 0
+            for image, boxes in images_with_boxes(session, image_ids):
+                lines.write(_dumps(image_record(image, boxes)) + "\n")
+                if image.status != ImageStatus.DONE:
+                    continue
+                dataset.write((", " if done else "") + _dumps(coco_image(image)))
+                done += 1
+                for box in boxes:
+                    counts["detections"] += 1
+                    number, comma = counts["detections"], ", " if counts["detections"] > 1 else ""
+                    results.write(comma + _dumps(coco_result(image.id, box)))
+                    annotations.write(comma + _dumps(coco_annotation(image.id, box, number)))
+                if save_images:
+                    try:
+                        annotate(Path(image.path), boxes, out_dir / "images" / _flat_name(image, roots))
+                        counts["annotated"] += 1
+                    except OSError:  # moved or unreadable since it ran: the results still hold it
+                        counts["not_annotated"] += 1
+            results.write("]\n")
+            dataset.write(f'], "categories": {_dumps(categories)}, "annotations": [')
+            annotations.seek(0)
+            shutil.copyfileobj(annotations, dataset)
+            dataset.write("]}\n")
+
+    write_atomically(
+        out_dir / "detections.jsonl",
+        lambda lines: write_atomically(
+            out_dir / "coco_results.json",
+            lambda results: write_atomically(
+                out_dir / "coco_dataset.json", lambda dataset: write_all(lines, results, dataset)
+            ),
+        ),
+    )
     files = ["detections.jsonl", "coco_results.json", "coco_dataset.json"]
-    annotated = 0
     if save_images:
-        for image, dets in done:
-            annotate(Path(image.path), dets, out_dir / "images" / _flat_name(image, roots))
-            annotated += 1
         files.append("images/")
-    return WrittenResults(images=len(images), detections=len(results), annotated=annotated, files=files)
+    return WrittenResults(
+        images=len(image_ids),
+        detections=counts["detections"],
+        annotated=counts["annotated"],
+        files=files,
+        not_annotated=counts["not_annotated"],
+    )
 
 
-def _write_lines(out: TextIO, images: Sequence[Image], boxes: dict[int, list[Box]]) -> None:
-    for image in images:
-        out.write(json.dumps(image_record(image, boxes.get(image.id, [])), ensure_ascii=False) + "\n")
-
-
-def _write_json(out: TextIO, document: Any) -> None:
-    json.dump(document, out, ensure_ascii=False)
-    out.write("\n")
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _flat_name(image: Image, roots: Sequence[str]) -> str:

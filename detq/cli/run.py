@@ -128,6 +128,7 @@ def run(
                 "images": written.images,
                 "detections": written.detections,
                 "annotated": written.annotated,
+                "not_annotated": written.not_annotated,
                 "unreadable_count": unread,
                 "exit_code": code,
             }
@@ -136,6 +137,10 @@ def run(
         click.echo(
             f"{written.images} images, {written.detections} detections: {out}/ ({', '.join(written.files)})"
         )
+        if written.not_annotated:
+            click.echo(
+                f"{written.not_annotated} images could not be read to draw on (moved since?)", err=True
+            )
     raise SystemExit(code)
 
 

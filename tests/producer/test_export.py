@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.export_repo import iter_ledger
+from db.export_repo import Box, iter_ledger
 from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_job, get_or_create_model
+from db.models import Image
 from detq.vocabulary import ExportFormat, ImageStatus
-from producer.export import class_names, coco_dataset, export_job
+from producer.export import class_names, coco_annotation, coco_categories, coco_image, export_job
 from tests.ledger_support import done_results
 
 
@@ -32,6 +34,19 @@ def _interleaved_jobs(factory: sessionmaker[Session]) -> tuple[int, int]:
         finalise_results(session, a, model.id, [failed], worker="w", device="cpu")
         finalise_results(session, b, model.id, done_results(ids_b, 5), worker="w", device="cpu")
     return a, b
+
+
+def coco_dataset(
+    done: list[tuple[Image, list[Box]]], names: dict[int, str], info: dict[str, Any]
+) -> dict[str, Any]:
+    """The COCO dataset document built whole in memory, as the export was before it streamed."""
+    boxes = ((image.id, det) for image, dets in done for det in dets)
+    return {
+        "info": info,
+        "images": [coco_image(image) for image, _ in done],
+        "categories": coco_categories(names),
+        "annotations": [coco_annotation(i, det, n) for n, (i, det) in enumerate(boxes, start=1)],
+    }
 
 
 def _export(factory: sessionmaker[Session], job_id: int, fmt: ExportFormat) -> tuple[int, str]:
