@@ -350,21 +350,21 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
 ) -> None:
     from datetime import UTC, datetime
 
+    from sqlalchemy.orm import Session
+
     from db.jobs_repo import close_enqueue, finish_enqueue, get_or_create_model
     from db.ledger import ledger
     from db.schedules_repo import RunKey, claim_run
 
-    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+    def nightly(s: Session, day: int, roots: list[str]) -> int:
         model = get_or_create_model(s, sha256="c" * 64, path="/m.pt", size_bytes=1, meta={})
-        run = claim_run(
-            s,
-            RunKey("nightly", datetime(2026, 11, 30, 2, tzinfo=UTC)),
-            model_id=model.id,
-            roots=["/d"],
-            pool="any",
-            batch_size=16,
-        )
+        when = datetime(2026, 11, day, 2, tzinfo=UTC)
+        run = claim_run(s, RunKey("nightly", when), model_id=model.id, roots=roots, pool="any", batch_size=16)
         assert run is not None
+        return run
+
+    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+        run = nightly(s, 29, ["/d"])
         finish_enqueue(s, run, 0)
     assert main(["jobs", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
@@ -372,22 +372,14 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [run]
     # A run closed early (its folder missing that night) queued nothing too, but is shown, with why
     with ledger(get_settings()) as led, led.sessions() as s, s.begin():
-        closed = claim_run(
-            s,
-            RunKey("nightly", datetime(2026, 12, 1, 2, tzinfo=UTC)),
-            model_id=model.id,
-            roots=["/nas"],
-            pool="any",
-            batch_size=16,
-        )
-        assert closed is not None
+        closed = nightly(s, 30, ["/nas"])
         close_enqueue(s, closed, "nothing queued: not a folder: /nas", datetime.now(UTC))
     assert main(["jobs", "--json"]) == 0
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [closed]
     assert main(["runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "closed early" in lines[1] and "nothing new" in lines[2]
-    assert lines[-1] == f"job {closed} (nightly, 2026-12-01T02:00:00): nothing queued: not a folder: /nas"
+    assert lines[-1] == f"job {closed} (nightly, 2026-11-30T02:00:00): nothing queued: not a folder: /nas"
 
 
 def test_the_command_line_loads_a_commands_module_only_when_it_runs() -> None:
