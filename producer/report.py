@@ -21,6 +21,8 @@ from producer.progress import time_taken
 from producer.status import job_status
 
 THUMBNAILS = 24
+# Images tried for them: where a job's files have moved away, the report does not open every one in turn.
+THUMBNAIL_TRIES = 4 * THUMBNAILS
 THUMBNAIL_SIDE = 320
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#1c1c1e;max-width:1100px}
@@ -66,11 +68,13 @@ def render_report(session: Session, job_id: int) -> str:
     times = finish_times(session, job_id)
     series, bucket_s = throughput_series(times)
     figures: list[str] = []
+    tried = 0
     for image, detections in iter_ledger(session, job_id):
-        if len(figures) >= THUMBNAILS:
+        if len(figures) >= THUMBNAILS or tried >= THUMBNAIL_TRIES:
             break
         if image.status != ImageStatus.DONE or not detections:
             continue
+        tried += 1
         source = _thumbnail(Path(image.path), list(detections))
         if source is not None:
             caption = f"{escape(Path(image.path).name)}: {len(detections)} boxes"

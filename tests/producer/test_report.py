@@ -15,7 +15,7 @@ from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import Ledger, open_ledger
 from detq.settings import Settings
 from detq.vocabulary import ImageStatus
-from producer.report import render_report
+from producer.report import THUMBNAIL_TRIES, render_report
 from tests.conftest import service_missing
 
 
@@ -61,6 +61,29 @@ def test_the_report_holds_every_section_and_inlines_its_images(ledger: Ledger, t
         assert text in page
     assert "cannot decode image" in page
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_a_job_whose_files_moved_away_is_reported_without_opening_each_one(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    # Given a job of done images with boxes, all moved away but the last, which lies past the images tried
+    folder = tmp_path / "moved"
+    folder.mkdir()
+    names = [f"{i:03d}.png" for i in range(THUMBNAIL_TRIES + 1)]
+    Image.new("RGB", (64, 48), (10, 120, 200)).save(folder / names[-1])
+    box = (DetectionRow(0, "cat", 0.9, 1, 1, 30, 30),)
+    with ledger.sessions() as s, s.begin():
+        model = get_or_create_model(s, sha256="f" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(s, model_id=model.id, roots=[str(folder)], pool="cpu", batch_size=8).id
+        ids = insert_images(s, job, [NewImage(str(folder / n), 1, 1.0, 0) for n in names])
+        done = [ImageResult(i, ImageStatus.DONE, width=64, height=48, detections=box) for i in ids]
+        record_results(s, job, model.id, done, worker="host:1", device="cpu")
+        finish_enqueue(s, job, len(ids))
+    # When its report renders, Then it gives up on thumbnails after THUMBNAIL_TRIES images, and says the rest
+    with ledger.sessions() as session:
+        page = render_report(session, job)
+    assert "data:image/jpeg;base64," not in page
+    assert f"{len(names)}: {len(names)} done" in page
 
 
 def test_the_report_renders_in_headless_chromium(ledger: Ledger, tmp_path: Path) -> None:
