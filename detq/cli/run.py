@@ -8,7 +8,7 @@ from typing import NamedTuple
 import click
 
 from db.history_repo import jobs_over_roots
-from db.jobs_repo import get_or_create_model
+from db.jobs_repo import delete_job, get_or_create_model
 from db.ledger import Ledger, ledger
 from db.models import ModelRecord
 from detq.celery_app import make_celery_app
@@ -212,6 +212,9 @@ def _queue(
     # A new job of names refused at the scan only (rejected at once), or whose scan left folders unread, is
     # followed for its summary and exit code, with no worker to wait for.
     kept = new.total or new.refused or new.notes.unreadable_count
+    if not kept:  # a job of nothing: each rerun over a done folder would add one to `detq jobs`
+        with led.sessions() as session, session.begin():
+            delete_job(session, new.job_id)
     followed = [*unfinished, new.job_id] if kept else unfinished
     return Queued(followed, bool(new.total or unfinished), new.notes.unreadable_count)
 

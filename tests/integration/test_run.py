@@ -64,6 +64,7 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     assert digests(images) == before
     print(f"\nresumed run finished in {time.monotonic() - started:.1f} s")
     # When it runs once more, with every image done
+    jobs_before = embedded.run_json("jobs", "--all")
     third = subprocess.run(command, env=embedded.env(), capture_output=True, text=True, timeout=300)
     # Then it says there is nothing new, stops the workers it started without waiting for them to load
     # the model (they had nothing to do), and writes the same results
@@ -71,6 +72,8 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     assert "nothing new to queue: 64 images found, none new or changed" in third.stderr
     assert "ready on" not in (out / "worker.log").read_text()
     assert sorted(row["path"] for row in _done_lines(out)) == sorted(str(p) for p in images)
+    # And it leaves no empty job behind in the ledger
+    assert embedded.run_json("jobs", "--all") == jobs_before
 
 
 def test_run_over_names_it_must_refuse_ends_rejected_without_waiting_for_workers(
