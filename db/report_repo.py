@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 
-from sqlalchemy import Integer, case, cast, func, select
+from sqlalchemy import ColumnElement, Integer, and_, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, as_utc
@@ -41,14 +42,29 @@ def score_histogram(session: Session, job_id: int, bins: int = 20) -> list[int]:
     return counts
 
 
-def finish_times(session: Session, job_id: int) -> list[tuple[str, datetime]]:
-    """(worker and device, when) of each image of the job that ended, in time order."""
+def _finished(job_id: int) -> ColumnElement[bool]:
+    return and_(Image.job_id == job_id, Image.finished_at.is_not(None), Image.worker.is_not(None))
+
+
+def finish_span(session: Session, job_id: int) -> tuple[datetime, datetime] | None:
+    """When the first and the last of the job's images that a worker ended finished; None if none did."""
+    first, last = session.execute(
+        select(func.min(Image.finished_at), func.max(Image.finished_at)).where(_finished(job_id))
+    ).one()
+    return (as_utc(first), as_utc(last)) if first is not None and last is not None else None
+
+
+def finish_times(session: Session, job_id: int) -> Iterator[tuple[str, datetime]]:
+    """(worker and device, when) of each image of the job that a worker ended, streamed in chunks (a job
+    of a million images is not held in memory)."""
     rows = session.execute(
         select(Image.worker, Image.device, Image.finished_at)
-        .where(Image.job_id == job_id, Image.finished_at.is_not(None), Image.worker.is_not(None))
-        .order_by(Image.finished_at)
+        .where(_finished(job_id))
+        .execution_options(yield_per=10_000)
     ).tuples()
-    return [(f"{worker} {device or ''}".strip(), as_utc(when)) for worker, device, when in rows if when]
+    for worker, device, when in rows:
+        if when is not None:
+            yield f"{worker} {device or ''}".strip(), as_utc(when)
 
 
 def failed_images(session: Session, job_id: int, limit: int = 50) -> list[tuple[str, str, str]]:

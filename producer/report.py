@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime
 from html import escape
 from pathlib import Path
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from db.export_repo import Box, iter_ledger
 from db.job_counts_repo import top_reasons
-from db.report_repo import failed_images, finish_times, label_counts, score_histogram
+from db.report_repo import failed_images, finish_span, finish_times, label_counts, score_histogram
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotated, colour_for
 from producer.charts import bar_chart, histogram, line_chart
@@ -36,17 +37,17 @@ td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}
 
 
 def throughput_series(
-    times: list[tuple[str, datetime]], buckets: int = 40
+    times: Iterable[tuple[str, datetime]], span: tuple[datetime, datetime] | None, buckets: int = 40
 ) -> tuple[dict[str, list[float]], float]:
-    """Images per second per worker over equal time buckets spanning the job; and the bucket length."""
-    if not times:
+    """Images per second per worker over equal time buckets spanning the job (span: its first and last
+    finish time; the times may come in any order); and the bucket length."""
+    if span is None:
         return {}, 1.0
-    start, end = times[0][1], times[-1][1]
-    span = max((end - start).total_seconds(), 1.0)
-    bucket_s = span / buckets
+    start, end = span
+    bucket_s = max((end - start).total_seconds(), 1.0) / buckets
     series: dict[str, list[float]] = defaultdict(lambda: [0.0] * buckets)
     for worker, when in times:
-        index = min(buckets - 1, int((when - start).total_seconds() / bucket_s))
+        index = max(0, min(buckets - 1, int((when - start).total_seconds() / bucket_s)))
         series[worker][index] += 1 / bucket_s
     return dict(series), bucket_s
 
@@ -65,8 +66,7 @@ def render_report(session: Session, job_id: int) -> str:
     """The whole page, images inlined, no script and nothing fetched from anywhere."""
     status = job_status(session, job_id)
     classes = label_counts(session, job_id)
-    times = finish_times(session, job_id)
-    series, bucket_s = throughput_series(times)
+    series, bucket_s = throughput_series(finish_times(session, job_id), finish_span(session, job_id))
     figures: list[str] = []
     tried = 0
     for image, detections in iter_ledger(session, job_id):

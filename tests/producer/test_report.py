@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import Ledger, open_ledger
 from detq.settings import Settings
 from detq.vocabulary import ImageStatus
-from producer.report import THUMBNAIL_TRIES, render_report
+from producer.report import THUMBNAIL_TRIES, render_report, throughput_series
 from tests.conftest import service_missing
 
 
@@ -148,3 +149,13 @@ def test_render_draws_each_done_image_and_report_writes_one_file(
     assert red[0] > red[1] + 60 and red[0] > red[2] + 60  # the first palette colour, #ff3b30, after JPEG
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
     assert not (tmp_path / "other.html").exists()
+
+
+def test_throughput_buckets_times_in_any_order_over_the_jobs_span() -> None:
+    start = datetime(2026, 12, 5, 2, tzinfo=UTC)
+    at = [start + timedelta(seconds=s) for s in (0, 1, 9, 10, 11, 39, 40)]
+    times = [("w1", at[3]), ("w2", at[0]), ("w1", at[6]), ("w1", at[1]), ("w2", at[5]), ("w1", at[2])]
+    series, bucket_s = throughput_series(iter(times), (start, at[6]), buckets=4)
+    assert bucket_s == 10.0
+    assert series == {"w1": [0.2, 0.1, 0.0, 0.1], "w2": [0.1, 0.0, 0.0, 0.1]}
+    assert throughput_series(iter([]), None) == ({}, 1.0)
