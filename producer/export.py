@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -14,6 +14,8 @@ from db.jobs_repo import get_job
 from db.models import Image, ModelRecord
 from detq.vocabulary import ExportFormat, ImageStatus
 from producer.status import JobNotFound
+
+T = TypeVar("T")
 
 CSV_COLUMNS = ("job_id", "image_id", "path", "label_id", "label", "score", "x1", "y1", "x2", "y2")
 
@@ -46,21 +48,31 @@ def image_record(image: Image, detections: list[Box]) -> dict[str, Any]:
     }
 
 
-def export_jsonl(session: Session, job_id: int, out: TextIO) -> int:
+Progress = Callable[[], None]  # called once per image read, for a progress display
+
+
+def _counted(items: Iterator[T], progress: Progress | None) -> Iterator[T]:
+    for item in items:
+        if progress is not None:
+            progress()
+        yield item
+
+
+def export_jsonl(session: Session, job_id: int, out: TextIO, progress: Progress | None = None) -> int:
     """Write one JSON object per image; returns the number of lines."""
     lines = 0
-    for image, detections in iter_ledger(session, job_id):
+    for image, detections in _counted(iter_ledger(session, job_id), progress):
         out.write(json.dumps(image_record(image, detections), ensure_ascii=False) + "\n")
         lines += 1
     return lines
 
 
-def export_csv(session: Session, job_id: int, out: TextIO) -> int:
+def export_csv(session: Session, job_id: int, out: TextIO, progress: Progress | None = None) -> int:
     """Write a header and one row per detection; returns the number of rows."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     rows = 0
-    for image, detections in iter_ledger(session, job_id):
+    for image, detections in _counted(iter_ledger(session, job_id), progress):
         for det in detections:
             writer.writerow(
                 [
@@ -116,7 +128,7 @@ def coco_categories(names: dict[int, str]) -> list[dict[str, Any]]:
     return [{"id": i, "name": n} for i, n in sorted(names.items())]
 
 
-def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
+def export_coco_dataset(session: Session, job_id: int, out: TextIO, progress: Progress | None = None) -> int:
     """Write a job's COCO dataset form (images that finished, categories by label id, annotations with
     bbox [x, y, w, h] and their scores), as json.dump writes it, streamed in two passes over the job: its
     images, then its boxes. Memory holds a chunk whatever the job's size (the whole document in memory
@@ -132,13 +144,13 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
 
     out.write(f'{{"info": {dumps(info)}, "images": [')
     images = 0
-    for image, _ in iter_ledger(session, job_id, boxes=False):
+    for image, _ in _counted(iter_ledger(session, job_id, boxes=False), progress):
         if image.status == ImageStatus.DONE:
             out.write((", " if images else "") + dumps(coco_image(image)))
             images += 1
     out.write(f'], "categories": {dumps(categories)}, "annotations": [')
     count = 0
-    for image, detections in iter_ledger(session, job_id):
+    for image, detections in _counted(iter_ledger(session, job_id), progress):
         if image.status != ImageStatus.DONE:
             continue
         for det in detections:
@@ -148,12 +160,12 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO) -> int:
     return count
 
 
-def export_coco_results(session: Session, job_id: int, out: TextIO) -> int:
+def export_coco_results(session: Session, job_id: int, out: TextIO, progress: Progress | None = None) -> int:
     """Write COCO results, the list pycocotools' loadRes takes: image_id, category_id, bbox [x, y, w, h],
     score per detection, streamed; returns how many."""
     count = 0
     out.write("[")
-    for image, detections in iter_ledger(session, job_id):
+    for image, detections in _counted(iter_ledger(session, job_id), progress):
         if image.status != ImageStatus.DONE:
             continue
         for det in detections:
@@ -163,8 +175,15 @@ def export_coco_results(session: Session, job_id: int, out: TextIO) -> int:
     return count
 
 
-def export_job(session: Session, job_id: int, fmt: ExportFormat, out: TextIO) -> int:
-    """Write the job's results in this format; returns how many records were written."""
+# Times a format reads each image: the COCO dataset reads them twice (its images, then its boxes).
+PASSES = {ExportFormat.COCO_DATASET: 2}
+
+
+def export_job(
+    session: Session, job_id: int, fmt: ExportFormat, out: TextIO, progress: Progress | None = None
+) -> int:
+    """Write the job's results in this format; returns how many records were written. progress is called
+    once per image read, PASSES[fmt] (default 1) times per image of the job."""
     if get_job(session, job_id) is None:
         raise JobNotFound(f"no job {job_id}")
     writers = {
@@ -173,4 +192,4 @@ def export_job(session: Session, job_id: int, fmt: ExportFormat, out: TextIO) ->
         ExportFormat.COCO: export_coco_results,
         ExportFormat.COCO_DATASET: export_coco_dataset,
     }
-    return writers[ExportFormat(fmt)](session, job_id, out)
+    return writers[ExportFormat(fmt)](session, job_id, out, progress)

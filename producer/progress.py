@@ -238,3 +238,25 @@ def exit_code_for(status: JobStatus) -> int:
         or status.unreadable_count
     )
     return EXIT_FINISHED_WITH_FAILURES if troubled else 0
+
+
+class PercentLine:
+    """A percentage on one line of a terminal, redrawn at most twice a second; called once per unit done
+    (`detq export -o FILE`: once per image read)."""
+
+    def __init__(self, label: str, total: int, stream: TextIO, every_s: float = 0.5) -> None:
+        self.label, self.total, self.stream, self.every_s = label, max(total, 1), stream, every_s
+        self.done, self.drawn = 0, 0.0
+
+    def __call__(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.drawn >= self.every_s:
+            self.drawn = now
+            self.stream.write(f"\r\x1b[2K{self.label}: {min(100, 100 * self.done // self.total)}%")
+            self.stream.flush()
+
+    def clear(self) -> None:
+        """Erase the line."""
+        self.stream.write("\r\x1b[2K")
+        self.stream.flush()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from db.job_counts_repo import job_counts
 from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
@@ -16,9 +17,9 @@ from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
-from producer.export import export_job
+from producer.export import PASSES, export_job
 from producer.files import write_atomically
-from producer.progress import exit_code_for, render_line, time_taken
+from producer.progress import PercentLine, exit_code_for, render_line, time_taken
 from producer.requeue import requeue_missing
 from producer.status import JobNotFound, job_status
 
@@ -254,7 +255,12 @@ def export(job: int, fmt: str, output: Path | None) -> None:
         if output is None:
             export_job(session, job, export_format, sys.stdout)
             return
-        count = write_atomically(output, lambda out: export_job(session, job, export_format, out))
+        images = job_counts(session, job, detections=False).total if sys.stderr.isatty() else 0
+        reads = images * PASSES.get(export_format, 1)
+        shown = PercentLine(f"exporting job {job}", reads, sys.stderr) if reads else None
+        count = write_atomically(output, lambda out: export_job(session, job, export_format, out, shown))
+        if shown is not None:
+            shown.clear()
     unit = "lines" if export_format is ExportFormat.JSONL else "records"
     click.echo(f"wrote {count} {unit} to {output}")
 

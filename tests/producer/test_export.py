@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from functools import partial
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,7 +14,14 @@ from db.images_repo import ImageResult, NewImage, finalise_results, insert_image
 from db.jobs_repo import create_job, get_job, get_or_create_model
 from db.models import Image
 from detq.vocabulary import ExportFormat, ImageStatus
-from producer.export import class_names, coco_annotation, coco_categories, coco_image, export_job
+from producer.export import (
+    PASSES,
+    class_names,
+    coco_annotation,
+    coco_categories,
+    coco_image,
+    export_job,
+)
 from tests.ledger_support import done_results
 
 
@@ -99,3 +107,14 @@ def test_a_job_with_no_finished_image_is_an_empty_coco_dataset(factory: sessionm
     count, text = _export(factory, job, ExportFormat.COCO_DATASET)
     parsed = json.loads(text)
     assert (count, parsed["images"], parsed["annotations"], parsed["categories"]) == (0, [], [], [])
+
+
+def test_progress_is_told_once_per_image_read_and_twice_for_the_coco_dataset(
+    factory: sessionmaker[Session],
+) -> None:
+    a, _ = _interleaved_jobs(factory)
+    for fmt in ExportFormat:
+        reads: list[None] = []
+        with factory() as session:
+            export_job(session, a, fmt, io.StringIO(), partial(reads.append, None))
+        assert len(reads) == 4 * PASSES.get(fmt, 1), fmt

@@ -12,6 +12,7 @@ import pytest
 from producer import progress
 from producer.progress import (
     EXIT_FINISHED_WITH_FAILURES,
+    PercentLine,
     RateWindow,
     exit_code_for,
     format_duration,
@@ -195,3 +196,18 @@ def _readable(fd: int) -> bool:
     import select
 
     return bool(select.select([fd], [], [], 0.2)[0])
+
+
+def test_a_percent_line_redraws_in_place_and_clears() -> None:
+    out = io.StringIO()
+    line = PercentLine("exporting job 3", 4, out, every_s=0)
+    for _ in range(2):
+        line()
+    line.clear()
+    assert out.getvalue() == "\r\x1b[2Kexporting job 3: 25%\r\x1b[2Kexporting job 3: 50%\r\x1b[2K"
+    # Redrawn at most once an interval: the calls between count, unseen
+    slow = io.StringIO()
+    throttled = PercentLine("x", 100, slow, every_s=3600)
+    for _ in range(100):
+        throttled()
+    assert (slow.getvalue(), throttled.done) == ("\r\x1b[2Kx: 1%", 100)
