@@ -85,14 +85,16 @@ def iter_ledger(
 def images_with_boxes(
     session: Session, image_ids: Sequence[int], chunk: int = 1000
 ) -> Iterator[tuple[Image, list[Box]]]:
-    """These images, in the order given, each with its boxes by rank: two queries per chunk of ids."""
+    """These images, in the order given, each with its boxes by rank: two queries per chunk of ids. An id
+    whose row is gone since it was listed (its job deleted meanwhile) is passed over."""
     ids = list(image_ids)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
         images = {image.id: image for image in session.scalars(select(Image).where(Image.id.in_(part)))}
         found = boxes_of(session, part, chunk)
         for image_id in part:
-            yield images[image_id], found.get(image_id, [])
+            if (image := images.get(image_id)) is not None:
+                yield image, found.get(image_id, [])
 
 
 def boxes_of(session: Session, image_ids: Sequence[int], chunk: int = 1000) -> dict[int, list[Box]]:

@@ -55,7 +55,7 @@ def write_results(
     info = {"description": f"detq results of {', '.join(roots)}"}
     categories = coco_categories(class_names(session, model, job_ids))
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {"detections": 0, "annotated": 0, "not_annotated": 0}
+    counts = {"images": 0, "detections": 0, "annotated": 0, "not_annotated": 0}
 
     def write_all(lines: TextIO, results: TextIO, dataset: TextIO) -> None:
         with tempfile.TemporaryFile("w+", encoding="utf-8", dir=out_dir) as annotations:
@@ -64,6 +64,7 @@ def write_results(
             done = 0
             for image, boxes in images_with_boxes(session, image_ids):
                 lines.write(_dumps(image_record(image, boxes)) + "\n")
+                counts["images"] += 1
                 if image.status != ImageStatus.DONE:
                     continue
                 dataset.write((", " if done else "") + _dumps(coco_image(image)))
@@ -98,7 +99,7 @@ def write_results(
     if save_images:
         files.append("images/")
     return WrittenResults(
-        images=len(image_ids),
+        images=counts["images"],
         detections=counts["detections"],
         annotated=counts["annotated"],
         files=files,

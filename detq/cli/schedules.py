@@ -130,6 +130,6 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
             click.echo(f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.closed_reason}")
         if r.unreadable_count:
             click.echo(
-                f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.unreadable_count} folders not"
-                f" read (detq status {r.job_id})"
+                f"job {r.job_id} ({r.schedule}, {r.scheduled_for[:19]}): {r.unreadable_count}"
+                f" {'folder' if r.unreadable_count == 1 else 'folders'} not read (detq status {r.job_id})"
             )
