@@ -169,6 +169,19 @@ def process_batch(
     backup: also those a live process is on (their claims and attempts untouched); rows still pending
     when a result comes are written, the others were finished first elsewhere.
     """
+    # The batch is this process's before its claim commits: a heartbeat (another thread) between that
+    # commit and the detection would otherwise write "no current batch" over the claim's, and a backup copy
+    # would then take the fresh claims for a dead process's, counting one more attempt on each.
+    runtime.stats.current_batch_id = batch_id
+    try:
+        return _run_batch(runtime, job_id, image_ids, batch_id, backup=backup)
+    finally:
+        runtime.stats.current_batch_id = None
+
+
+def _run_batch(
+    runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], batch_id: int | None, *, backup: bool
+) -> BatchReport:
     start = in_transaction(runtime.ledger.sessions, lambda s: _start(s, runtime, job_id, image_ids, batch_id))
     job, view = start.job, start.view
     if start.fresh:
@@ -199,7 +212,6 @@ def process_batch(
         report.count(unwritten, write_results(runtime, job_id, job.model_id, unwritten))
         unwritten.clear()
 
-    runtime.stats.current_batch_id = batch_id
     try:
         try:
             model = runtime.model_for(job.model_sha256, job.model_path)
@@ -232,6 +244,5 @@ def process_batch(
         in_flight = detection.in_flight if detection is not None else []
         raise BatchTimedOut(report, in_flight, claimed, job.pool) from exc
     finally:
-        runtime.stats.current_batch_id = None
         runtime.stats.add(report.written)
     return report

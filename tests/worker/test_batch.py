@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from db.images_repo import ImageResult, record_results
 from db.models import Detection, Image, Job, utcnow
@@ -214,6 +214,33 @@ def test_a_backup_copy_races_a_live_process_and_the_first_result_wins(
         assert record_results(session, job.job_id, model_id, late, worker="slow", device="cpu") == 0
     with runtime.ledger.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Detection)) == 2
+
+
+def test_a_heartbeat_right_after_the_claim_says_which_batch_holds_it(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path
+) -> None:
+    # Given a batch, and a heartbeat that lands the moment each transaction of this process commits (the
+    # worst moment for the pool process's heartbeat thread: under a CPU quota the detection that follows
+    # the claim can start seconds later)
+    for name in ("a.jpg", "b.jpg"):
+        write_jpeg(tmp_path / name, (100, 80))
+    job = stage(tmp_path, ["a.jpg", "b.jpg"])
+    beats: list[int | None] = []
+
+    def heartbeat(session: Any) -> None:
+        beats.append(runtime.stats.beat().current_batch_id)
+
+    event.listen(runtime.ledger.sessions, "after_commit", heartbeat)
+    try:
+        process_batch(runtime, job.job_id, job.image_ids, 5)
+    finally:
+        event.remove(runtime.ledger.sessions, "after_commit", heartbeat)
+    # Then the beat after the claim's commit names the batch (it said "none", and a backup copy then took
+    # the fresh claims for a dead process's, one more attempt on each), and the process is idle after it
+    assert beats and beats[0] == 5
+    assert runtime.stats.beat().current_batch_id is None
+    rows = ledger_rows(runtime, job.job_id)
+    assert {(r.status, r.attempts) for r in rows.values()} == {(ImageStatus.DONE, 1)}
 
 
 def test_a_backup_copy_leaves_an_image_that_killed_a_process_before(
