@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from sqlalchemy.orm import Session
 
@@ -18,14 +16,8 @@ from db.history_repo import jobs_over_roots, latest_image_ids
 from db.models import Image, ModelRecord
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
-from producer.export import (
-    class_names,
-    coco_annotation,
-    coco_categories,
-    coco_image,
-    coco_result,
-    image_record,
-)
+from producer.coco import CocoDatasetWriter, class_names, coco_categories, coco_result, dumps
+from producer.export import image_record
 from producer.files import write_atomically
 
 
@@ -57,23 +49,20 @@ def write_results(
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {"images": 0, "detections": 0, "annotated": 0, "not_annotated": 0}
 
-    def write_all(lines: TextIO, results: TextIO, dataset: TextIO) -> None:
-        with tempfile.TemporaryFile("w+", encoding="utf-8", dir=out_dir) as annotations:
+    def write_all(lines: TextIO, results: TextIO, dataset_out: TextIO) -> None:
+        with tempfile.TemporaryFile("w+", encoding="utf-8", dir=out_dir) as spool:
+            dataset = CocoDatasetWriter(dataset_out, info, categories, spool)
             results.write("[")
-            dataset.write(f'{{"info": {_dumps(info)}, "images": [')
-            done = 0
             for image, boxes in images_with_boxes(session, image_ids):
-                lines.write(_dumps(image_record(image, boxes)) + "\n")
+                lines.write(dumps(image_record(image, boxes)) + "\n")
                 counts["images"] += 1
                 if image.status != ImageStatus.DONE:
                     continue
-                dataset.write((", " if done else "") + _dumps(coco_image(image)))
-                done += 1
+                dataset.add_image(image)
+                dataset.add_boxes(image.id, boxes)
                 for box in boxes:
+                    results.write((", " if counts["detections"] else "") + dumps(coco_result(image.id, box)))
                     counts["detections"] += 1
-                    number, comma = counts["detections"], ", " if counts["detections"] > 1 else ""
-                    results.write(comma + _dumps(coco_result(image.id, box)))
-                    annotations.write(comma + _dumps(coco_annotation(image.id, box, number)))
                 if save_images:
                     try:
                         annotate(Path(image.path), boxes, out_dir / "images" / _flat_name(image, roots))
@@ -81,10 +70,7 @@ def write_results(
                     except OSError:  # moved or unreadable since it ran: the results still hold it
                         counts["not_annotated"] += 1
             results.write("]\n")
-            dataset.write(f'], "categories": {_dumps(categories)}, "annotations": [')
-            annotations.seek(0)
-            shutil.copyfileobj(annotations, dataset)
-            dataset.write("]}\n")
+            dataset.close()
 
     write_atomically(
         out_dir / "detections.jsonl",
@@ -105,10 +91,6 @@ def write_results(
         files=files,
         not_annotated=counts["not_annotated"],
     )
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 def _flat_name(image: Image, roots: Sequence[str]) -> str:

@@ -14,14 +14,8 @@ from db.images_repo import ImageResult, NewImage, finalise_results, insert_image
 from db.jobs_repo import create_job, get_job, get_or_create_model
 from db.models import Image
 from detq.vocabulary import ExportFormat, ImageStatus
-from producer.export import (
-    PASSES,
-    class_names,
-    coco_annotation,
-    coco_categories,
-    coco_image,
-    export_job,
-)
+from producer.coco import class_names, coco_annotation, coco_categories, coco_image
+from producer.export import PASSES, export_job
 from tests.ledger_support import done_results
 
 
