@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 # A longer path would not fit PostgreSQL's unique index led by images.path (about 2.7 KB per entry).
@@ -53,7 +53,7 @@ class ScanNotes:
     unreadable_count: int = 0
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (folder, reason), the first ones
 
-    KEPT = 20  # unreadable folders named; the rest are counted
+    KEPT: ClassVar[int] = 20  # unreadable folders named; the rest are counted
 
     def passed_over(self, path: str) -> None:
         """A file with no image extension."""
