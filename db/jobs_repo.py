@@ -25,6 +25,12 @@ def get_or_create_model(
     return session.scalars(select(ModelRecord).where(ModelRecord.sha256 == sha256)).one()
 
 
+def latest_model_at(session: Session, path: str) -> ModelRecord | None:
+    """The newest model row first recorded at this path (its file since moved or replaced), or None."""
+    query = select(ModelRecord).where(ModelRecord.path == path).order_by(ModelRecord.id.desc()).limit(1)
+    return session.scalars(query).first()
+
+
 def create_job(session: Session, *, model_id: int, roots: list[str], pool: str, batch_size: int) -> Job:
     """A new job with no images yet; its id is assigned (flushed) on return."""
     job = Job(model_id=model_id, roots=list(roots), pool=pool, batch_size=batch_size)

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.batches_repo import create_batches, mark_sent
 from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
 from db.jobs_repo import (
-    close_enqueue,
     create_job,
     finish_enqueue,
     get_or_create_model,
@@ -36,6 +35,7 @@ from producer.read_ahead import ChunksAhead
 from producer.scan import ScannedFile, ScanNotes, scan_roots
 from producer.sender import ChunkSender
 from producer.taper import tapered_sizes
+from producer.unqueued_run import RunAlreadyClaimed, record_unqueued_run
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,6 @@ class EnqueueError(DetqError, ValueError):
 
 class UnusableRoots(EnqueueError):
     """A root that is not a folder, or lies outside the allowed roots: nothing of the job can be scanned."""
-
-
-class RunAlreadyClaimed(Exception):
-    """The scheduled run of this key already has a job (another scheduler, or a redelivered message)."""
 
 
 @dataclass(frozen=True)
@@ -135,11 +131,11 @@ def enqueue_folders(
         raise EnqueueError(str(exc)) from None
     try:
         resolved = check_roots(roots, allowed_roots, recursive=recursive)
-    except UnusableRoots as exc:
+        model_file = check_model_file(model_path)
+    except EnqueueError as exc:
         if run_key is not None:  # a scheduled run says in the ledger why it queued nothing
-            _record_unusable_run(factory, model_path, model_sha256, run_key, roots, pool, batch_size, exc)
+            _record_unqueued_run(factory, model_path, model_sha256, run_key, roots, pool, batch_size, exc)
         raise
-    model_file = check_model_file(model_path)
     try:
         check_broker(app)
     except BROKER_ERRORS as exc:
@@ -248,7 +244,7 @@ def _create_job(
         return claimed, model.id
 
 
-def _record_unusable_run(
+def _record_unqueued_run(
     factory: sessionmaker[Session],
     model_path: Path,
     model_sha256: str | None,
@@ -256,16 +252,24 @@ def _record_unusable_run(
     roots: Sequence[Path],
     pool: Pool,
     batch_size: int,
-    error: UnusableRoots,
+    error: EnqueueError,
 ) -> None:
-    """The scheduled run's job, closed at once with the reason its folders could not be scanned (a share
-    not mounted that night, say), so that `detq runs` shows the night; RunAlreadyClaimed if it exists."""
-    model_file = check_model_file(model_path)
-    sha256 = model_sha256 or file_sha256(model_file)
-    meta = read_embedded_meta(model_file)
-    job_id, _ = _create_job(factory, model_file, sha256, meta, roots, pool, batch_size, run_key)
-    in_transaction(
-        factory, partial(close_enqueue, job_id=job_id, reason=f"nothing queued: {error}", now=utcnow())
+    """The scheduled run's job, closed at once with the reason it could not start (a share not mounted
+    that night, a model file moved away); RunAlreadyClaimed if it exists."""
+    try:
+        model_file: Path | None = check_model_file(model_path)
+    except EnqueueError:
+        model_file = None
+    record_unqueued_run(
+        factory,
+        run_key,
+        model_path=model_path,
+        model_file=model_file,
+        model_sha256=model_sha256,
+        roots=roots,
+        pool=pool,
+        batch_size=batch_size,
+        reason=f"nothing queued: {error}",
     )
 
 

@@ -12,8 +12,9 @@ from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.schedules_repo import RunCounts, RunKey
-from producer.enqueue import RunAlreadyClaimed, enqueue_folders
+from producer.enqueue import enqueue_folders
 from producer.scheduler.schedules import Schedule
+from producer.unqueued_run import RunAlreadyClaimed
 
 log = logging.getLogger(__name__)
 

@@ -67,3 +67,36 @@ def test_a_run_whose_folder_is_missing_is_recorded_closed_with_the_reason(
     assert run_schedule(factory, app, schedule, tonight, defaults).job_id is None
     with factory() as session:
         assert [r.job_id for r in run_summaries(session)] == [run.job_id]
+
+
+def test_a_run_whose_model_file_is_gone_is_recorded_under_the_model_last_run_there(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    # Given a nightly schedule that ran last night with the model at models/detector.pt
+    folder = tmp_path / "camera"
+    folder.mkdir()
+    model = tmp_path / "models" / "detector.pt"
+    model.parent.mkdir()
+    model.write_bytes(MODEL.read_bytes())
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
+    schedule = Schedule(name="nightly", folders=(folder,), cron=CronSpec("0 2 * * *"), model=model)
+    defaults = RunDefaults(model=MODEL, batch_size=4, max_retries=2)
+    last_night = run_schedule(factory, app, schedule, datetime(2026, 12, 4, 2, tzinfo=UTC), defaults)
+    # When the model file is moved away before tonight's run
+    model.unlink()
+    with pytest.raises(EnqueueError, match="model file not found"):
+        run_schedule(factory, app, schedule, datetime(2026, 12, 5, 2, tzinfo=UTC), defaults)
+    # Then tonight's run is in the ledger, closed early with the reason, under the model that ran there
+    with factory() as session:
+        tonight, last = run_summaries(session)
+    assert last.job_id == last_night.job_id and tonight.job_id != last.job_id
+    assert (tonight.shown_state, tonight.total) == ("closed early", 0)
+    assert tonight.closed_reason == f"nothing queued: model file not found: {model}"
+    # And a schedule whose model never ran from its path is only logged: no row stands for its model
+    stranger = Schedule(
+        name="other", folders=(folder,), cron=CronSpec("0 3 * * *"), model=tmp_path / "never.pt"
+    )
+    with pytest.raises(EnqueueError, match="model file not found"):
+        run_schedule(factory, app, stranger, datetime(2026, 12, 5, 3, tzinfo=UTC), defaults)
+    with factory() as session:
+        assert [r.schedule for r in run_summaries(session)] == ["nightly", "nightly"]
