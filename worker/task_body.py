@@ -27,6 +27,7 @@ from worker.batch import (
     process_batch,
     write_results,
 )
+from worker.inference import short_reason
 from worker.metrics import reason_kind
 from worker.runtime import WorkerRuntime
 from worker.time_limit import ALONE_REASON, BatchSender, send_again
@@ -123,7 +124,8 @@ def run_batch(
             log.error("job %d: batch of %d left pending, the database is unavailable: %s", job, len(ids), exc)
             raise
         log.exception("job %d: batch of %d failed", job, len(ids))
-        failed = fail_pending(runtime, job, ids, f"batch error: {type(exc).__name__}: {exc}")
+        # One line: a database error's text goes on with its statement and every parameter of it.
+        failed = fail_pending(runtime, job, ids, f"batch error: {short_reason(exc)}")
         return BatchReport(written=failed, skipped=len(ids) - failed, failed=failed)
     if runtime.metrics is not None:
         runtime.metrics.record(report.results, time.perf_counter() - started)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import select
+from sqlalchemy.exc import ProgrammingError
 
 from db.batches_repo import open_batches
 from db.models import Batch, Detection
@@ -211,6 +212,28 @@ def test_fail_pending_gives_only_pending_images_a_reason(
     assert failed == 2
     assert rows[job.image_ids[0]].status == ImageStatus.DONE
     assert [rows[i].reason for i in job.image_ids[1:]] == ["batch error: boom", "batch error: boom"]
+
+
+def test_a_batch_failed_by_a_bug_records_its_error_in_one_short_line(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a database error whose text carries the statement and its parameters, as SQLAlchemy's do
+    sql = "UPDATE images SET status=%(status)s WHERE images.id = %(image_id)s" + " " * 400
+    error = ProgrammingError(sql, {"image_id": 1}, Exception('prepared statement "_pg3_0" already exists'))
+
+    def broken(sha256: str, path: str) -> LoadedModel:
+        raise error
+
+    monkeypatch.setattr(runtime, "model_for", broken)
+    job = stage(tmp_path, _images(tmp_path, 2))
+    # When a batch meets it
+    report = run_batch(runtime, BatchMessage(job.job_id, job.image_ids))
+    # Then its images fail with the error's first line, not the statement and parameters after it
+    reasons = {row.reason for row in ledger_rows(runtime, job.job_id).values()}
+    assert report.failed == 2 and "\n" in str(error) and len(str(error)) > 500
+    assert reasons == {
+        'batch error: ProgrammingError: (builtins.Exception) prepared statement "_pg3_0" already exists'
+    }
 
 
 def test_a_message_for_a_missing_job_writes_nothing(runtime: WorkerRuntime) -> None:
