@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import sys
 from pathlib import Path
@@ -47,7 +49,7 @@ def make_engine(url: str | URL) -> Engine:
     """An engine tuned for many worker processes writing at once: WAL + BEGIN IMMEDIATE on SQLite."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        return _server_engine(parsed)
     path = sqlite_file(parsed)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +57,28 @@ def make_engine(url: str | URL) -> Engine:
     event.listen(engine, "connect", _on_sqlite_connect)
     event.listen(engine, "begin", _on_sqlite_begin)
     return engine
+
+
+def _server_engine(url: URL) -> Engine:
+    """A PostgreSQL engine that works behind a pooler in transaction mode, each connection named."""
+    connect_args: dict[str, Any] = {}
+    if url.get_driver_name() == "psycopg":
+        # psycopg prepares a statement on the server after 5 runs of it on a connection. Behind PgBouncer in
+        # transaction mode (before 1.21, or without max_prepared_statements), the way to serve many
+        # machines from one server, the next transaction may run on another server connection: "prepared
+        # statement _pg3_0 already exists" or "does not exist" failed batches. Off, a batch costs 0.4 to
+        # 1.2 ms more, under 0.3% of an SSDlite batch (docs/benchmarks.md, twenty-fourth session).
+        connect_args["prepare_threshold"] = None
+    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    if "application_name" not in url.query:
+        event.listen(engine, "do_connect", _name_connection)
+    return engine
+
+
+def _name_connection(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    # Which host and process holds a connection, in pg_stat_activity and PgBouncer's SHOW CLIENTS. Made at
+    # connect time: a forked pool process opens its own, under its own pid.
+    cparams.setdefault("application_name", f"detq {socket.gethostname()[:40]} pid {os.getpid()}")
 
 
 def _on_sqlite_connect(dbapi_connection: Any, connection_record: ConnectionPoolEntry) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -12,6 +14,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc
+from sqlalchemy.engine import make_url
 
 from db.engine import (
     is_transient_error,
@@ -162,6 +165,25 @@ def test_postgresql_urls_use_psycopg3_with_pre_ping() -> None:
         assert engine.pool._pre_ping
     finally:
         engine.dispose()
+
+
+def test_postgresql_connections_are_named_for_their_process_unless_the_url_names_them(
+    postgres_url: str,
+) -> None:
+    named = make_url(postgres_url).update_query_dict({"application_name": "nightly"})
+    for url, expected in (
+        (postgres_url, f"detq {socket.gethostname()[:40]} pid {os.getpid()}"),
+        (named, "nightly"),
+    ):
+        engine = make_engine(url)
+        try:
+            with engine.connect() as connection:
+                shown = connection.execute(sa.text("SELECT current_setting('application_name')")).scalar_one()
+                # And no statement is prepared on the server, which a pooler in transaction mode breaks
+                assert connection.connection.dbapi_connection.prepare_threshold is None  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+        assert shown == expected
 
 
 def test_sessions_keep_objects_readable_after_commit(sqlite_url: str) -> None:

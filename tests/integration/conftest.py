@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import Deployment
-from tests.integration.servers import ThrowawayTlsRedis
+from tests.integration.servers import ThrowawayPgBouncer, ThrowawayTlsRedis
 
 
 @pytest.fixture(params=["embedded", "redis+postgres"])
@@ -37,3 +37,12 @@ def tls_redis(tmp_path: Path) -> Iterator[ThrowawayTlsRedis]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def pgbouncer(postgres_admin_url: str) -> Iterator[ThrowawayPgBouncer]:
+    """A throwaway PgBouncer in transaction mode, two server connections, in front of the test server."""
+    bouncer = ThrowawayPgBouncer(postgres_admin_url, pool_size=2)
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()

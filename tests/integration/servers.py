@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import glob
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.conftest import service_missing
 
@@ -152,3 +155,55 @@ def wait_for_port(port: int, timeout: float = 30) -> None:
         except OSError:
             time.sleep(0.05)
     pytest.fail(f"nothing listens on port {port} after {timeout} s")
+
+
+class ThrowawayPgBouncer:
+    """PgBouncer in transaction mode on its own port, in front of a PostgreSQL server: each transaction may
+    run on any of its server connections (at most pool_size), as a fleet behind one pooler sees them."""
+
+    def __init__(self, server_url: str, pool_size: int = 2) -> None:
+        binary = shutil.which("pgbouncer") or shutil.which("/usr/sbin/pgbouncer")
+        if binary is None:
+            service_missing("pgbouncer", FileNotFoundError("apt-get install pgbouncer"))
+        self.binary = str(binary)
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="detq-pgbouncer-"))
+        self.folder.chmod(0o755)  # read by the postgres user it runs as when started by root
+        server = make_url(server_url)
+        user = server.username or "postgres"
+        config = self.folder / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n"
+            f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.folder / 'users.txt'}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
+        )
+        (self.folder / "users.txt").write_text(f'"{user}" ""\n')
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: BinaryIO | None = None
+
+    def url_for(self, database_url: str) -> str:
+        """database_url's database, reached through this pooler."""
+        through = make_url(database_url).set(host="127.0.0.1", port=self.port)
+        return through.render_as_string(hide_password=False)
+
+    def start(self) -> None:
+        run_as = ["-u", "postgres"] if os.geteuid() == 0 else []  # PgBouncer refuses to run as root
+        self._log = open(self.folder / "pgbouncer.log", "wb")  # noqa: SIM115 - the server's, for its life
+        command = [self.binary, *run_as, str(self.folder / "pgbouncer.ini")]
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=self._log)
+        wait_for_port(self.port)
+
+    def log(self) -> str:
+        """What PgBouncer wrote so far."""
+        return (self.folder / "pgbouncer.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,65 @@
+"""detq behind PgBouncer in transaction mode, the pooler a fleet of many machines puts before PostgreSQL:
+every statement runs again on whichever server connection a transaction gets, and a job ends all done."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from db.engine import make_engine
+from demo.shapes import write_dataset
+from tests.integration.harness import Deployment, running_worker
+from tests.integration.servers import ThrowawayPgBouncer
+from tests.ledger_support import migrate
+
+pytestmark = pytest.mark.integration
+
+
+def test_statements_run_many_times_by_clients_sharing_server_connections(
+    pgbouncer: ThrowawayPgBouncer, postgres_url: str
+) -> None:
+    # Given two engines (two processes, say) whose transactions PgBouncer puts on the same server
+    # connections; psycopg prepares a statement on the server after five runs of it, as _pg3_0, _pg3_1...
+    migrate(postgres_url)
+    engines = [make_engine(pgbouncer.url_for(postgres_url)) for _ in range(2)]
+    statements = [sa.text("SELECT count(*) FROM jobs WHERE id > :n"), sa.text("SELECT :n + 1")]
+    try:
+        # When each runs its own statement ten times, in turn, a transaction each
+        answers = []
+        for n in range(10):
+            for engine, statement in zip(engines, statements, strict=True):
+                with engine.begin() as connection:
+                    answers.append(connection.execute(statement, {"n": n}).scalar_one())
+        # Then every run answers (before, the sixth run of the second statement met "prepared statement
+        # _pg3_0 already exists" on a server connection where the first engine's had been prepared)
+        assert answers == [v for n in range(10) for v in (0, n + 1)]
+        # And the server sees each connection named for its host and process
+        with engines[0].connect() as connection:
+            name = connection.execute(sa.text("SELECT current_setting('application_name')")).scalar_one()
+        assert name.startswith("detq ") and " pid " in name
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
+def test_a_job_runs_all_done_through_pgbouncer(
+    pgbouncer: ThrowawayPgBouncer, postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a deployment whose ledger is reached through PgBouncer (migrated directly, as `detq db upgrade`
+    # must be: its lock is held across transactions), and a job of many small batches
+    migrate(postgres_url)
+    deployment = Deployment(
+        tmp_path / "data",
+        database_url=pgbouncer.url_for(postgres_url),
+        broker_url=redis_url,
+        extra={"DETQ_BATCH_SIZE": "2"},
+    )
+    images = tmp_path / "images"
+    write_dataset(images, 40, seed=5)
+    # When two pool processes run it, each statement many times over the pooler's two server connections
+    with running_worker(deployment, concurrency=2):
+        status = deployment.run_json("enqueue", str(images), "--wait", "--timeout", "240", codes=(0,))
+    # Then every image is done: none failed on a statement prepared on another client's connection
+    assert (status["total"], status["done"], status["failed"]) == (40, 40, 0), pgbouncer.log()[-2000:]
