@@ -15,6 +15,10 @@ from db.migrate import ensure_schema
 from detq.errors import DetqError
 from detq.settings import Settings
 
+# What PostgreSQL answers a connection past max_connections (SQLSTATE 53300, which psycopg does not carry
+# on a failed connect): reachable, but full.
+_SERVER_FULL = ("too many clients already", "connection slots are reserved")
+
 
 class LedgerUnavailable(DetqError):
     """The database URL is malformed, or the database cannot be reached."""
@@ -55,6 +59,12 @@ def open_ledger(settings: Settings, *, check_schema: bool = True) -> Ledger:
             engine.dispose()
             where = engine.url.render_as_string(hide_password=True)
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            if any(sign in reason for sign in _SERVER_FULL):
+                raise LedgerUnavailable(
+                    f"the database at {where} takes no more connections ({reason}): raise its"
+                    " max_connections, or put PgBouncer in transaction mode in front of it"
+                    " (README: PostgreSQL connections)"
+                ) from exc
             raise LedgerUnavailable(f"cannot reach the database at {where}: {reason}") from exc
         except BaseException:
             engine.dispose()

@@ -106,7 +106,7 @@ class ThrowawayTlsRedis(ThrowawayRedis):
 class ThrowawayPostgres:
     """A PostgreSQL cluster in a temporary folder, run as the postgres user on its own port."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found or shutil.which("runuser") is None:
             service_missing("PostgreSQL binaries", FileNotFoundError("no initdb under /usr/lib/postgresql"))
@@ -116,6 +116,9 @@ class ThrowawayPostgres:
         shutil.chown(self.folder, "postgres", "postgres")
         self.data = self.folder / "data"
         self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres")
+        if settings:  # postgresql.conf's later lines win
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
 
     @property
     def url(self) -> str:

@@ -1,5 +1,5 @@
-"""detq behind PgBouncer in transaction mode, the pooler a fleet of many machines puts before PostgreSQL:
-every statement runs again on whichever server connection a transaction gets, and a job ends all done."""
+"""PostgreSQL connections at a fleet's scale: a server past max_connections said so, and detq behind
+PgBouncer in transaction mode, where each statement runs on whichever server connection a transaction gets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from db.engine import make_engine
 from demo.shapes import write_dataset
 from tests.integration.harness import Deployment, running_worker
-from tests.integration.servers import ThrowawayPgBouncer
+from tests.integration.servers import ThrowawayPgBouncer, ThrowawayPostgres
 from tests.ledger_support import migrate
 
 pytestmark = pytest.mark.integration
@@ -63,3 +63,25 @@ def test_a_job_runs_all_done_through_pgbouncer(
         status = deployment.run_json("enqueue", str(images), "--wait", "--timeout", "240", codes=(0,))
     # Then every image is done: none failed on a statement prepared on another client's connection
     assert (status["total"], status["done"], status["failed"]) == (40, 40, 0), pgbouncer.log()[-2000:]
+
+
+def test_a_server_past_max_connections_is_named_full_with_what_to_do(tmp_path: Path) -> None:
+    # Given a PostgreSQL server whose every connection slot is taken
+    server = ThrowawayPostgres({"max_connections": "3", "superuser_reserved_connections": "0"})
+    server.start()
+    held: list[sa.Connection] = []
+    admin = sa.create_engine(server.url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        held = [admin.connect() for _ in range(3)]
+        deployment = Deployment(tmp_path / "data", database_url=server.url)
+        # When a detq command opens the ledger
+        refused = deployment.run("status", codes=(1,))
+    finally:
+        for connection in held:
+            connection.close()
+        admin.dispose()
+        server.remove()
+    # Then it says, in one line, that the server is full (not unreachable) and what to change
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("detq status: the database at postgresql") and "takes no more connections" in line
+    assert "too many clients already" in line and "max_connections" in line and "PgBouncer" in line
