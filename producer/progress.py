@@ -246,12 +246,13 @@ class PercentLine:
 
     def __init__(self, label: str, total: int, stream: TextIO, every_s: float = 0.5) -> None:
         self.label, self.total, self.stream, self.every_s = label, max(total, 1), stream, every_s
-        self.done, self.drawn = 0, 0.0
+        self.done = 0
+        self.drawn: float | None = None  # never yet: the first call draws, whatever the clock reads
 
     def __call__(self) -> None:
         self.done += 1
         now = time.monotonic()
-        if now - self.drawn >= self.every_s:
+        if self.drawn is None or now - self.drawn >= self.every_s:
             self.drawn = now
             self.stream.write(f"\r\x1b[2K{self.label}: {min(100, 100 * self.done // self.total)}%")
             self.stream.flush()
