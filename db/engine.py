@@ -45,11 +45,15 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
-def make_engine(url: str | URL) -> Engine:
-    """An engine tuned for many worker processes writing at once: WAL + BEGIN IMMEDIATE on SQLite."""
+def make_engine(url: str | URL, *, kept: int | None = None) -> Engine:
+    """An engine tuned for many worker processes writing at once: WAL + BEGIN IMMEDIATE on SQLite.
+
+    kept: on PostgreSQL, the connections kept open between uses (SQLAlchemy's default: 5); more at once
+    are opened, and closed when given back.
+    """
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return _server_engine(parsed)
+        return _server_engine(parsed, kept)
     path = sqlite_file(parsed)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +63,7 @@ def make_engine(url: str | URL) -> Engine:
     return engine
 
 
-def _server_engine(url: URL) -> Engine:
+def _server_engine(url: URL, kept: int | None) -> Engine:
     """A PostgreSQL engine that works behind a pooler in transaction mode, each connection named."""
     connect_args: dict[str, Any] = {}
     if url.get_driver_name() == "psycopg":
@@ -69,7 +73,8 @@ def _server_engine(url: URL) -> Engine:
         # statement _pg3_0 already exists" or "does not exist" failed batches. Off, a batch costs 0.4 to
         # 1.2 ms more, under 0.3% of an SSDlite batch (docs/benchmarks.md, twenty-fourth session).
         connect_args["prepare_threshold"] = None
-    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    sizes: dict[str, int] = {} if kept is None else {"pool_size": kept, "max_overflow": 10}
+    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args, **sizes)
     if "application_name" not in url.query:
         event.listen(engine, "do_connect", _name_connection)
     return engine

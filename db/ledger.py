@@ -41,13 +41,13 @@ class Ledger:
         self.engine.dispose()
 
 
-def open_ledger(settings: Settings, *, check_schema: bool = True) -> Ledger:
+def open_ledger(settings: Settings, *, check_schema: bool = True, kept: int | None = None) -> Ledger:
     """The ledger of these settings; migrates the embedded SQLite default, checks PostgreSQL is migrated.
 
     Per process: a forked child opens its own (pooled connections never cross a fork).
     """
     try:
-        engine = make_engine(settings.resolved_database_url)
+        engine = make_engine(settings.resolved_database_url, kept=kept)
     except ArgumentError as exc:
         raise LedgerUnavailable(f"DETQ_DATABASE_URL is not a database URL: {exc}") from exc
     except ImportError as exc:  # a URL naming a driver that is not installed

@@ -41,7 +41,7 @@ class ReconcilerLoop:
 
     def start(self) -> None:
         """Open this loop's own ledger and broker connection and start the thread."""
-        self.ledger = open_ledger(self.settings, check_schema=False)
+        self.ledger = open_ledger(self.settings, check_schema=False, kept=1)  # one thread: one connection
         self._leadership = Leadership(
             self.ledger.sessions, ttl_s=self.settings.reconcile_interval_s * 3, name=RECONCILER_LEASE
         )

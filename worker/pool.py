@@ -25,7 +25,7 @@ from detq.vocabulary import WorkerPool
 from dispatch.idle import IdleWatch
 from dispatch.send import broker_error_reason, check_broker, is_certificate_refusal
 from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
-from worker.bootstrap import EXIT_STARTUP_FAILED, PoolBootstrap
+from worker.bootstrap import EXIT_STARTUP_FAILED, KEPT_CONNECTIONS, PoolBootstrap
 from worker.devices import (
     NoGpuError,
     decode_threads_per_process,
@@ -103,7 +103,8 @@ def run_worker(
     # a task no process took yet waits a worker timeout more, for a replacement process to load its model.
     lost_grace = float(app.conf.worker_lost_wait) + 2 * settings.heartbeat_interval_s
     watch = LostRequestWatch(lost_grace, lost_grace + settings.worker_timeout)
-    node_ledger = open_ledger(settings)  # migrates the embedded default, refuses an old PostgreSQL schema
+    # Migrates the embedded default, refuses an old PostgreSQL schema; one connection kept, for the beats.
+    node_ledger = open_ledger(settings, kept=KEPT_CONNECTIONS)
     node_beat = Heartbeat(
         node_ledger.sessions,
         WorkerIdentity(

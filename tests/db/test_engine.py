@@ -186,6 +186,19 @@ def test_postgresql_connections_are_named_for_their_process_unless_the_url_names
         assert shown == expected
 
 
+def test_an_engine_keeps_what_it_is_told_and_opens_more_for_the_moment(postgres_url: str) -> None:
+    engine = make_engine(postgres_url, kept=1)
+    try:
+        # Given two connections in use at once (a batch's transaction and a heartbeat)
+        with engine.connect() as first, engine.connect() as second:
+            pids = {c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() for c in (first, second)}
+        # Then both ran, and once given back one stays open
+        assert len(pids) == 2
+        assert (engine.pool.size(), engine.pool.checkedin()) == (1, 1)  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+
+
 def test_sessions_keep_objects_readable_after_commit(sqlite_url: str) -> None:
     migrate(sqlite_url)
     engine = make_engine(sqlite_url)

@@ -85,3 +85,38 @@ def test_a_server_past_max_connections_is_named_full_with_what_to_do(tmp_path: P
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("detq status: the database at postgresql") and "takes no more connections" in line
     assert "too many clients already" in line and "max_connections" in line and "PgBouncer" in line
+
+
+def test_a_worker_node_keeps_one_connection_a_pool_process_and_two_of_its_own(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a node of two pool processes that has run a job of many batches, beating twice a second
+    # (so that its heartbeats meet its batches' transactions: each such meeting left one connection more
+    # kept, two a process)
+    migrate(postgres_url)
+    often = {"DETQ_BATCH_SIZE": "2", "DETQ_WORKER_TIMEOUT": "3"}
+    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url, extra=often)
+    images = tmp_path / "images"
+    write_dataset(images, 400, seed=6)
+    with running_worker(deployment, concurrency=2) as worker:
+        status = deployment.run_json("enqueue", str(images), "--wait", "--timeout", "240")
+        # When the server is asked who holds its connections, each named for its host and process
+        database = sa.engine.make_url(postgres_url).database
+        admin = make_engine(postgres_url)
+        try:
+            with admin.connect() as connection:
+                rows = connection.execute(
+                    sa.text(
+                        "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = :db"
+                        " AND pid <> pg_backend_pid() GROUP BY application_name"
+                    ),
+                    {"db": database},
+                ).all()
+        finally:
+            admin.dispose()
+    assert status["done"] == 400
+    held = {str(name).rsplit(" pid ", 1)[-1]: count for name, count in rows}
+    # Then the node holds two (its heartbeat's and its reconciler's) and each pool process one
+    node = str(worker.proc.pid)
+    assert held.pop(node) <= 2, rows
+    assert sorted(held.values()) == [1, 1], rows
