@@ -2,7 +2,8 @@
 # Make sure the Redis and PostgreSQL the integration tests use are answering; start them if not.
 # Under CI=true, also install Debian's chromium (the report test opens its page in it) and docker-compose
 # (the compose test validates docker-compose.yml with it; no Docker daemon needed) and pgbouncer (the
-# tests that run detq behind it start their own; the package's own service is not started here).
+# tests that run detq behind it start their own; the package's own service is not started here) and
+# faketime (a worker started with its clock a minute off).
 set -uo pipefail
 
 if [ "${CI:-}" = "true" ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
@@ -14,6 +15,10 @@ if [ "${CI:-}" = "true" ] && ! command -v docker-compose >/dev/null && command -
     (apt-get install -y -q docker-compose >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q docker-compose >/dev/null 2>&1)) || echo "docker-compose: install failed" >&2
 fi
 
+if [ "${CI:-}" = "true" ] && ! command -v faketime >/dev/null && command -v apt-get >/dev/null; then
+    echo "installing faketime for the clock test"
+    (apt-get install -y -q faketime >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q faketime >/dev/null 2>&1)) || echo "faketime: install failed" >&2
+fi
 if [ "${CI:-}" = "true" ] && ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null; then
     echo "installing pgbouncer for the pooler test"
     (apt-get install -y -q pgbouncer >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q pgbouncer >/dev/null 2>&1)) || echo "pgbouncer: install failed" >&2

@@ -26,6 +26,7 @@ from dispatch.idle import IdleWatch
 from dispatch.send import broker_error_reason, check_broker, is_certificate_refusal
 from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, KEPT_CONNECTIONS, PoolBootstrap
+from worker.clock import check_clock
 from worker.devices import (
     NoGpuError,
     decode_threads_per_process,
@@ -105,6 +106,10 @@ def run_worker(
     watch = LostRequestWatch(lost_grace, lost_grace + settings.worker_timeout)
     # Migrates the embedded default, refuses an old PostgreSQL schema; one connection kept, for the beats.
     node_ledger = open_ledger(settings, kept=KEPT_CONNECTIONS)
+    clock_refused = check_clock(node_ledger.sessions, settings.worker_timeout)
+    if clock_refused is not None:
+        node_ledger.close()
+        raise WorkerStartupError(clock_refused)
     node_beat = Heartbeat(
         node_ledger.sessions,
         WorkerIdentity(
