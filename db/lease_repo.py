@@ -25,8 +25,8 @@ def acquire_lease(session: Session, name: str, owner: str, now: datetime, ttl: t
     """Take or renew the lease for ttl; True when owner holds it afterwards.
 
     One conditional UPDATE decides (owner already holds it, or it expired), so two candidates never both
-    win: PostgreSQL re-checks the WHERE clause after the row lock, SQLite serialises writers. Clocks of
-    the machines running schedulers are assumed to agree within a small fraction of ttl (NTP).
+    win: PostgreSQL re-checks the WHERE clause after the row lock, SQLite serialises writers. now is
+    the database's clock (db.clock.ledger_now), so the candidates' own clocks do not matter.
     """
     session.execute(
         insert_ignoring_conflicts(

@@ -12,8 +12,8 @@ from datetime import timedelta
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.clock import ledger_now
 from db.lease_repo import acquire_lease, release_lease
-from db.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Leadership:
         started = time.monotonic()
         try:
             with self.factory() as session, session.begin():
-                held = acquire_lease(session, self.name, self.owner, utcnow(), self.ttl)
+                held = acquire_lease(session, self.name, self.owner, ledger_now(session), self.ttl)
         except SQLAlchemyError as exc:
             self.reachable = False
             log.warning(
@@ -83,6 +83,6 @@ class Leadership:
         self._held_until = 0.0
         try:
             with self.factory() as session, session.begin():
-                release_lease(session, self.name, self.owner, utcnow())
+                release_lease(session, self.name, self.owner, ledger_now(session))
         except SQLAlchemyError as exc:
             log.warning("detq: could not release the %s lease (%s); it expires by itself", self.name, exc)

@@ -18,9 +18,10 @@ from db.batches_repo import (
     pending_ids_of_batch,
     set_missing,
 )
-from db.jobs_repo import close_enqueue, stale_enqueues
+from db.clock import ledger_now
+from db.jobs_repo import close_stale_enqueue, stale_enqueues
 from db.ledger import Ledger
-from db.models import WorkerRecord, as_utc, utcnow
+from db.models import WorkerRecord, as_utc
 from db.retry import in_transaction
 from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
 from detq.contract import batch_id_of, batches_of, is_backup, task_id_for
@@ -70,8 +71,17 @@ def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: Recon
     report.lost_workers = in_transaction(ledger.sessions, lambda s: close_lost_workers(s, seen_before, now))
     for job_id in in_transaction(ledger.sessions, lambda s: stale_enqueues(s, seen_before)):
         recorded = in_transaction(
-            ledger.sessions, partial(close_enqueue, job_id=job_id, reason=REASON_PRODUCER_GONE, now=now)
+            ledger.sessions,
+            partial(
+                close_stale_enqueue,
+                job_id=job_id,
+                seen_before=seen_before,
+                reason=REASON_PRODUCER_GONE,
+                now=now,
+            ),
         )
+        if recorded is None:
+            continue  # its producer beat, or finished, since
         log.warning(
             "detq reconciler: job %d: producer gone mid-scan; closed with %d images", job_id, recorded
         )
@@ -134,7 +144,7 @@ def reconcile(
     holds it; one with no copy anywhere for grace_s (two heartbeats, so a message in transit to a node
     shows in its held list) is sent again, with the same task id.
     """
-    now = now or utcnow()
+    now = now or in_transaction(ledger.reads, ledger_now)  # the database's clock (db/clock.py)
     grace = settings.missing_grace_s if grace_s is None else grace_s
     report = ReconcileReport()
     _close_dead(ledger, settings, now, report)

@@ -12,8 +12,8 @@ from celery import Celery
 from sqlalchemy.orm import Session
 
 from db.batches_repo import OpenBatch, claim_send, open_batches, pending_ids_of_batch
+from db.clock import ledger_now
 from db.ledger import Ledger
-from db.models import utcnow
 from db.retry import in_transaction
 from db.workers_repo import live_workers
 from detq.contract import queue_for_pool
@@ -75,8 +75,8 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     The lease holder runs it every TAIL_WATCH_S: an idle fleet, or one whose nodes are all busy, pays one
     read of the worker rows a pass, not the broker's queues and the open batches too.
     """
-    now = now or utcnow()
     with ledger.reads() as session:
+        now = now or ledger_now(session)  # the database's clock (db/clock.py)
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     nodes = node_loads(workers)
     tail_queues = queues_open_to_backups(nodes)

@@ -13,16 +13,16 @@ from kombu import exceptions as kombu_errors
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import create_batches, mark_sent
+from db.clock import ledger_now
 from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
 from db.jobs_repo import (
-    create_job,
     finish_enqueue,
-    get_or_create_model,
+    lock_open_enqueue,
     set_unreadable_folders,
 )
 from db.models import utcnow
 from db.retry import in_transaction
-from db.schedules_repo import RunCounts, RunKey, claim_run, set_run_counts
+from db.schedules_repo import RunCounts, RunKey, set_run_counts
 from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
 from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
@@ -31,11 +31,12 @@ from dispatch.send import broker_error_reason, check_broker
 from producer.enqueue_watch import EnqueueWatch
 from producer.fleet import processes_on_queue
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
+from producer.new_job import create_enqueue_job
 from producer.read_ahead import ChunksAhead
 from producer.scan import ScannedFile, ScanNotes, scan_roots
 from producer.sender import ChunkSender
 from producer.taper import tapered_sizes
-from producer.unqueued_run import RunAlreadyClaimed, record_unqueued_run
+from producer.unqueued_run import record_unqueued_run
 
 log = logging.getLogger(__name__)
 
@@ -144,37 +145,43 @@ def enqueue_folders(
         ) from None
     sha256 = model_sha256 or file_sha256(model_file)
     meta = read_embedded_meta(model_file)
-    job_id, model_id = _create_job(factory, model_file, sha256, meta, resolved, pool, batch_size, run_key)
+    job_id, model_id = create_enqueue_job(
+        factory, model_file, sha256, meta, resolved, pool, batch_size, run_key
+    )
     processes = 0
     if worker_timeout_s is not None:
         with factory() as session:
-            processes = processes_on_queue(session, queue, utcnow(), timeout_s=worker_timeout_s)
+            processes = processes_on_queue(session, queue, ledger_now(session), timeout_s=worker_timeout_s)
 
     tally = Tally() if only_new else None
     recorded = 0  # rows, refused names included
     notes = ScanNotes()  # filled by the scan's thread, read once it has ended
     files = scan_roots(resolved, recursive=recursive, notes=notes)
     with (
-        EnqueueWatch(factory, job_id, heartbeat_s) as watch,
+        EnqueueWatch(factory, job_id, heartbeat_s),
         ChunksAhead(files, INSERT_CHUNK) as chunks,
         ChunkSender(app, job_id, pool) as sender,
     ):
         try:
             sent: list[int] = []  # batches whose messages are out, marked in the next transaction
             for chunk in chunks:
-                if watch.closed:
-                    raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
                 with factory() as session, session.begin():
                     mark_sent(session, sent, utcnow())
-                    # A short chunk is the last: its batches taper (a folder of an exact multiple of
-                    # INSERT_CHUNK files ends on a full chunk and keeps full batches).
-                    last = len(chunk) < INSERT_CHUNK
-                    if tally is not None:
-                        # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
-                        chunk = select_files(session, model_id, chunk, max_retries, tally)
-                    batches, refused = _record_chunk(
-                        session, job_id, chunk, batch_size, processes if last else 0
-                    )
+                    # Kept open until this chunk commits: a reconciler that took this producer for a dead
+                    # one, or `detq cancel`, counts the chunk or comes first and keeps it out.
+                    still_open = lock_open_enqueue(session, job_id)
+                    if still_open:
+                        # A short chunk is the last: its batches taper (a folder of an exact multiple of
+                        # INSERT_CHUNK files ends on a full chunk and keeps full batches).
+                        last = len(chunk) < INSERT_CHUNK
+                        if tally is not None:
+                            # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
+                            chunk = select_files(session, model_id, chunk, max_retries, tally)
+                        batches, refused = _record_chunk(
+                            session, job_id, chunk, batch_size, processes if last else 0
+                        )
+                if not still_open:
+                    raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
                 recorded += refused + sum(len(ids) for _, ids in batches)
                 sent = sender.submit(batches)  # sent while the next chunk is scanned and recorded
                 if on_progress is not None:
@@ -216,32 +223,6 @@ def check_model_file(model_path: Path) -> Path:
             f"{model_path} is not a model file detq can load (a TorchScript or torch.export archive)"
         )
     return model_file
-
-
-def _create_job(
-    factory: sessionmaker[Session],
-    model_file: Path,
-    sha256: str,
-    meta: dict[str, object],
-    roots: Sequence[Path],
-    pool: Pool,
-    batch_size: int,
-    run_key: RunKey | None,
-) -> tuple[int, int]:
-    with factory() as session, session.begin():
-        model = get_or_create_model(
-            session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
-        )
-        roots_text = [str(r) for r in roots]
-        if run_key is None:
-            job = create_job(session, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size)
-            return job.id, model.id
-        claimed = claim_run(
-            session, run_key, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
-        )
-        if claimed is None:
-            raise RunAlreadyClaimed(f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job")
-        return claimed, model.id
 
 
 def _record_unqueued_run(

@@ -8,32 +8,31 @@ from types import TracebackType
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.clock import ledger_now
 from db.jobs_repo import touch_enqueue
-from db.models import utcnow
 from db.retry import in_transaction
 
 log = logging.getLogger(__name__)
 
 
 class EnqueueWatch:
-    """`with EnqueueWatch(...)`: a daemon thread renews jobs.enqueue_seen_at every interval_s.
+    """`with EnqueueWatch(...)`: a daemon thread renews jobs.enqueue_seen_at every interval_s, by the
+    database's clock (db.clock.ledger_now: the reconciler judges it by the same clock).
 
-    `closed` turns True when the job was closed meanwhile (the reconciler thought this producer dead):
-    the producer must then stop adding images to it.
+    Whether the job is still open is asked where it matters, in each chunk's transaction
+    (db.jobs_repo.lock_open_enqueue).
     """
 
     def __init__(self, sessions: sessionmaker[Session], job_id: int, interval_s: float) -> None:
         self.sessions = sessions
         self.job_id = job_id
         self.interval_s = interval_s
-        self.closed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"detq-enqueue-{job_id}", daemon=True)
 
     def touch(self) -> None:
-        """Renew now; notes whether the job is still open."""
-        if not in_transaction(self.sessions, lambda s: touch_enqueue(s, self.job_id, utcnow())):
-            self.closed = True
+        """Renew now (a closed job is left as it is)."""
+        in_transaction(self.sessions, lambda s: touch_enqueue(s, self.job_id, ledger_now(s)))
 
     def __enter__(self) -> EnqueueWatch:
         self.touch()

@@ -12,9 +12,9 @@ from typing import Any
 import click
 from kombu.utils.url import maybe_sanitize_url
 
+from db.clock import ledger_now
 from db.ledger import ledger
 from db.migrate import current_revision, head_revision
-from db.models import utcnow
 from detq import __version__
 from detq.cli.base import DetqCommand, examples, load_settings
 from detq.cli.output import print_json, table
@@ -59,7 +59,7 @@ def _describe(settings: Settings) -> dict[str, Any]:
     with ledger(settings, check_schema=False) as led:
         info["schema"] = {"current": current_revision(led.engine), "needed": head_revision()}
         with led.reads() as session:
-            views = fleet(session, utcnow(), timeout_s=settings.worker_timeout)
+            views = fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
     alive = [v for v in views if v.state == "alive"]
     info["workers"] = {
         "nodes": sorted({f"{v.node} ({v.pool})" for v in alive if v.role == "node"}),
@@ -116,7 +116,9 @@ def workers(show_all: bool, check: bool, as_json: bool) -> None:
     """The fleet from its heartbeats: nodes and pool processes, device, model, rate, last seen."""
     settings = load_settings()
     with ledger(settings) as led, led.reads() as session:
-        views = fleet(session, utcnow(), timeout_s=settings.worker_timeout, include_stopped=show_all)
+        views = fleet(
+            session, ledger_now(session), timeout_s=settings.worker_timeout, include_stopped=show_all
+        )
     if check:
         here = [
             v for v in views if v.role == "node" and v.state == "alive" and v.host == socket.gethostname()

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import click
 
+from db.clock import ledger_now
 from db.job_counts_repo import top_reasons
 from db.jobs_repo import get_job
 from db.ledger import Ledger
-from db.models import utcnow
 from detq.settings import Settings
 from detq.vocabulary import Pool
 from producer.fleet import fleet, listening_pools
@@ -22,7 +22,9 @@ def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[]
 
     def hint() -> str | None:
         with ledger.reads() as session:
-            listening = listening_pools(fleet(session, utcnow(), timeout_s=settings.worker_timeout))
+            listening = listening_pools(
+                fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
+            )
         if listening if pool == Pool.ANY else pool in listening:
             return None
         start = "cpu" if pool in (Pool.ANY, Pool.CPU) else "gpu"

@@ -1,10 +1,14 @@
-"""This machine's clock against the database server's, measured on a real PostgreSQL."""
+"""This machine's clock against the database server's, measured on a real PostgreSQL; the clock liveness is
+judged by, on both databases."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from db.clock import clock_offset_s
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.clock import clock_offset_s, ledger_now
 from db.engine import make_engine, make_session_factory
 
 
@@ -24,3 +28,20 @@ def test_the_offset_is_measured_against_the_servers_clock(postgres_url: str) -> 
     assert same is not None and behind is not None
     assert abs(same[0]) < 0.5 and 0 < same[1] < 0.5
     assert -60.5 < behind[0] < -59.5
+
+
+def test_liveness_is_stamped_by_the_servers_clock_on_postgresql(factory: sessionmaker[Session]) -> None:
+    with factory() as session, session.begin():
+        before = datetime.now(UTC)
+        now = ledger_now(session)
+        after = datetime.now(UTC)
+        server = (
+            session.scalar(select(func.now())) if session.get_bind().dialect.name == "postgresql" else None
+        )
+    assert now.tzinfo is not None and now.utcoffset() == timedelta(0)
+    if server is None:
+        # SQLite: every user of the file runs on this machine, whose clock it is
+        assert before <= now <= after
+    else:
+        # PostgreSQL: the server's (its transaction's start), the clock every machine of a fleet shares
+        assert now == server

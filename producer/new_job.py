@@ -1,0 +1,49 @@
+"""The job an enqueue fills: its model recorded, the job (or the scheduled run) made, its producer alive."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.clock import ledger_now
+from db.jobs_repo import create_job, get_or_create_model, touch_enqueue
+from db.schedules_repo import RunKey, claim_run
+from detq.vocabulary import Pool
+from producer.unqueued_run import RunAlreadyClaimed
+
+
+def create_enqueue_job(
+    factory: sessionmaker[Session],
+    model_file: Path,
+    sha256: str,
+    meta: dict[str, object],
+    roots: Sequence[Path],
+    pool: Pool,
+    batch_size: int,
+    run_key: RunKey | None,
+) -> tuple[int, int]:
+    """The job an enqueue fills, made under its model's row (a scheduled run's once: RunAlreadyClaimed
+    if it exists), alive by the database's clock from its first moment; (job id, model id)."""
+    with factory() as session, session.begin():
+        model = get_or_create_model(
+            session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
+        )
+        roots_text = [str(r) for r in roots]
+        if run_key is None:
+            job_id = create_job(
+                session, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+            ).id
+        else:
+            claimed = claim_run(
+                session, run_key, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+            )
+            if claimed is None:
+                raise RunAlreadyClaimed(
+                    f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job"
+                )
+            job_id = claimed
+        # Alive by the clock the reconciler judges it by (created_at is this machine's).
+        touch_enqueue(session, job_id, ledger_now(session))
+        return job_id, model.id

@@ -1,0 +1,119 @@
+"""Machines whose clocks are off (libfaketime): what they stamp for other machines to judge, a producer's
+enqueue and a lease, is on the database server's clock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from db.engine import make_engine, make_session_factory
+from db.models import Job, SchedulerLease, as_utc
+from demo.shapes import write_dataset
+from detq.settings import BUNDLED_MODEL
+from dispatch.leadership import Leadership
+from tests.conftest import service_missing
+from tests.integration.harness import DETQ, Deployment
+
+pytestmark = pytest.mark.integration
+
+# A process that takes a lease and prints when it thinks it is (its clock), then exits holding it.
+_HOLD_LEASE = """
+import sys
+from datetime import UTC, datetime
+from db.engine import make_engine, make_session_factory
+from dispatch.leadership import Leadership
+sessions = make_session_factory(make_engine(sys.argv[1]))
+assert Leadership(sessions, ttl_s=float(sys.argv[2]), owner="skewed", name="probe").check()
+print(datetime.now(UTC).isoformat())
+"""
+
+
+def _faked(offset: str) -> list[str]:
+    """The command prefix that runs a process with its clock shifted by offset (its monotonic one left)."""
+    faketime = shutil.which("faketime")
+    if faketime is None:
+        service_missing("faketime", FileNotFoundError("apt-get install faketime"))
+    return [str(faketime), "-f", offset]
+
+
+def _server_now(url: str) -> datetime:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            now = conn.scalar(select(func.now()))
+    finally:
+        engine.dispose()
+    assert isinstance(now, datetime)
+    return as_utc(now)
+
+
+def test_a_producer_a_minute_behind_stamps_its_enqueue_by_the_databases_clock(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a producer machine whose clock is 60 s behind the database server's (the reconciler on
+    # another machine closed such a producer's live enqueue as a dead one's: 10,000 of 100,000 files)
+    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
+    deployment.model = BUNDLED_MODEL
+    deployment.run("db", "upgrade")
+    images = tmp_path / "images"
+    write_dataset(images, 4, seed=5)
+    # When it enqueues a folder
+    done = subprocess.run(
+        [*_faked("-60s"), *DETQ, "enqueue", str(images), "--json"],
+        env={**deployment.env(), "DONT_FAKE_MONOTONIC": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    server_now = _server_now(postgres_url)
+    engine = make_engine(postgres_url)
+    try:
+        with make_session_factory(engine)() as session:
+            job = session.scalars(select(Job)).one()
+    finally:
+        engine.dispose()
+    # Then its job's row was made by the skewed clock (the check that faketime took) ...
+    assert 55 < (server_now - as_utc(job.created_at)).total_seconds() < 90
+    # ... while the stamp that says its producer is alive is the server's, as the reconciler's judgement
+    assert job.enqueue_seen_at is not None
+    assert 0 <= (server_now - as_utc(job.enqueue_seen_at)).total_seconds() < 30
+
+
+def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    # Given a lease of 20 s taken by a process whose clock is 60 s behind
+    from tests.ledger_support import migrate
+
+    migrate(postgres_url)
+    done = subprocess.run(
+        [*_faked("-60s"), sys.executable, "-c", _HOLD_LEASE, postgres_url, "20"],
+        env={**os.environ, "DONT_FAKE_MONOTONIC": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    its_clock = datetime.fromisoformat(done.stdout.strip())
+    assert 55 < (datetime.now(UTC) - its_clock).total_seconds() < 90  # faketime took
+    engine = make_engine(postgres_url)
+    try:
+        sessions = make_session_factory(engine)
+        with sessions() as session:
+            expires = as_utc(session.scalars(select(SchedulerLease.expires_at)).one())
+        # Then it holds the lease for 20 s by the server's clock, not until 40 s ago
+        assert 10 < (expires - _server_now(postgres_url)).total_seconds() <= 20
+        # And a standby on a right clock cannot take it over meanwhile
+        assert not Leadership(sessions, ttl_s=20, owner="standby", name="probe").check()
+    finally:
+        engine.dispose()
