@@ -17,6 +17,7 @@ from db.clock import ledger_now
 from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
 from db.jobs_repo import (
     finish_enqueue,
+    get_job,
     lock_open_enqueue,
     set_unreadable_folders,
 )
@@ -181,7 +182,7 @@ def enqueue_folders(
                             session, job_id, chunk, batch_size, processes if last else 0
                         )
                 if not still_open:
-                    raise EnqueueError(f"job {job_id} was closed while it was being enqueued")
+                    raise _closed_under_it(factory, job_id, recorded)
                 recorded += refused + sum(len(ids) for _, ids in batches)
                 sent = sender.submit(batches)  # sent while the next chunk is scanned and recorded
                 if on_progress is not None:
@@ -223,6 +224,17 @@ def check_model_file(model_path: Path) -> Path:
             f"{model_path} is not a model file detq can load (a TorchScript or torch.export archive)"
         )
     return model_file
+
+
+def _closed_under_it(factory: sessionmaker[Session], job_id: int, recorded: int) -> EnqueueError:
+    """The error of an enqueue whose job was closed under it: by whom, what is left, what to do."""
+    with factory() as session:
+        job = get_job(session, job_id)
+        reason = job.closed_reason if job is not None else None
+    return EnqueueError(
+        f'job {job_id} was closed while it was being enqueued: "{reason or "deleted"}"; its images are the'
+        f" {recorded} files recorded before; enqueue the folders again with --only-new for the rest"
+    )
 
 
 def _record_unqueued_run(

@@ -37,7 +37,7 @@ def test_a_job_closed_mid_enqueue_gets_no_chunk_after_the_close(
 
     # When the job is closed as soon as its first chunk is recorded and sent
     try:
-        with pytest.raises(EnqueueError, match="was closed while it was being enqueued"):
+        with pytest.raises(EnqueueError) as closed:
             enqueue_folders(
                 factory,
                 app,
@@ -54,4 +54,10 @@ def test_a_job_closed_mid_enqueue_gets_no_chunk_after_the_close(
         job = session.scalars(select(Job)).one()
         images = session.scalar(select(func.count()).select_from(Image))
     assert images == INSERT_CHUNK == job.total
+    # And says so: why, what it holds, and how to queue the rest
+    assert str(closed.value) == (
+        f'job {job.id} was closed while it was being enqueued: "enqueue interrupted (its producer'
+        f' stopped)"; its images are the {INSERT_CHUNK} files recorded before; enqueue the folders again'
+        " with --only-new for the rest"
+    )
     assert job.enqueued_complete and job.closed_reason == "enqueue interrupted (its producer stopped)"
