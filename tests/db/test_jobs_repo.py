@@ -34,6 +34,22 @@ def _count(factory: Factory, model: type[Detection] | type[Image] | type[Batch])
         return session.scalar(select(func.count()).select_from(model)) or 0
 
 
+def _in_thread(work: Callable[[], int | None]) -> tuple[threading.Thread, threading.Event, list[object]]:
+    """Run work in a thread: (the thread, set once it returned, [its result or error])."""
+    finished, outcome = threading.Event(), []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # noqa: B036 - reported to the main thread by the caller
+            outcome.append(error)
+        finished.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, finished, outcome
+
+
 def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory: Factory) -> None:
     # Given two jobs with finished images and their detections
     gone, model_id, gone_ids = pending_job(factory, 3, "a")
@@ -63,20 +79,13 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
         writer, job_id, model_id, done_results(image_ids[:2]), worker="w", device="cpu"
     )
     assert written == set(image_ids[:2])
+
     # When the job is deleted meanwhile
-    deleted = threading.Event()
-    errors: list[BaseException] = []
+    def delete() -> int:
+        with factory() as session, session.begin():
+            return int(delete_job(session, job_id))
 
-    def delete() -> None:
-        try:
-            with factory() as session, session.begin():
-                delete_job(session, job_id)
-            deleted.set()
-        except BaseException as error:  # noqa: B036 - reported to the main thread below
-            errors.append(error)
-
-    thread = threading.Thread(target=delete)
-    thread.start()
+    thread, deleted, outcome = _in_thread(delete)
     try:
         # Then the delete waits for the worker (its row locks on PostgreSQL, the write lock on SQLite)
         assert not deleted.wait(0.5)
@@ -84,7 +93,7 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
     finally:
         writer.close()
     thread.join(timeout=30)
-    assert errors == [] and deleted.is_set()
+    assert outcome == [1]
     # And no detection of the job outlives it, though the worker committed after the delete began
     assert _count(factory, Detection) == 0
     assert _count(factory, Image) == 0
@@ -132,22 +141,6 @@ def test_the_first_claim_starts_the_job_and_a_later_mark_or_result_leaves_it(fac
 
 def _chunk(name: str, count: int) -> list[NewImage]:
     return [NewImage(path=f"/d/{name}{i}.jpg", size_bytes=1, mtime=1.0) for i in range(count)]
-
-
-def _in_thread(work: Callable[[], int | None]) -> tuple[threading.Thread, threading.Event, list[object]]:
-    """Run work in a thread: (the thread, set once it returned, [its result or error])."""
-    finished, outcome = threading.Event(), []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except BaseException as error:  # noqa: B036 - reported to the main thread by the caller
-            outcome.append(error)
-        finished.set()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, finished, outcome
 
 
 def test_a_close_waits_for_the_chunk_a_producer_records_and_counts_it(factory: Factory) -> None:
