@@ -165,12 +165,17 @@ def close_stale_enqueue(
     """close_enqueue, if the job is still stale once locked (its producer may have beaten or finished
     since it was found); the images recorded, or None."""
     locked = session.scalar(select(Job.id).where(Job.id == job_id, _stale(seen_before)).with_for_update())
-    return None if locked is None else close_enqueue(session, job_id, reason, now)
+    return None if locked is None else _close_locked(session, job_id, reason, now)
 
 
 def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:
     """End a job's enqueue with the images recorded so far, and say why; returns that count."""
     _lock_to_close(session, job_id)
+    return _close_locked(session, job_id, reason, now)
+
+
+def _close_locked(session: Session, job_id: int, reason: str, now: datetime) -> int:
+    """close_enqueue's work, the job row locked FOR UPDATE by the caller."""
     recorded = session.scalar(select(func.count()).select_from(Image).where(Image.job_id == job_id)) or 0
     session.execute(
         update(Job)

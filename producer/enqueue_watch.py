@@ -35,7 +35,7 @@ class EnqueueWatch:
         in_transaction(self.sessions, lambda s: touch_enqueue(s, self.job_id, ledger_now(s)))
 
     def __enter__(self) -> EnqueueWatch:
-        self.touch()
+        # No touch here: the job was stamped alive when it was made (producer/new_job.py).
         self._thread.start()
         return self
 

@@ -50,6 +50,19 @@ def _in_thread(work: Callable[[], int | None]) -> tuple[threading.Thread, thread
     return thread, finished, outcome
 
 
+def _waits_for(holder: Session, work: Callable[[], int | None]) -> list[object]:
+    """Run work in a thread while holder's transaction is open: it must wait (row locks on PostgreSQL, the
+    write lock on SQLite) until holder commits; then its result (or error)."""
+    thread, finished, outcome = _in_thread(work)
+    try:
+        assert not finished.wait(0.5), "it did not wait for the open transaction"
+        holder.commit()
+    finally:
+        holder.close()
+    thread.join(timeout=30)
+    return outcome
+
+
 def test_delete_job_removes_its_images_and_detections_and_no_other_jobs(factory: Factory) -> None:
     # Given two jobs with finished images and their detections
     gone, model_id, gone_ids = pending_job(factory, 3, "a")
@@ -85,15 +98,8 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
         with factory() as session, session.begin():
             return int(delete_job(session, job_id))
 
-    thread, deleted, outcome = _in_thread(delete)
-    try:
-        # Then the delete waits for the worker (its row locks on PostgreSQL, the write lock on SQLite)
-        assert not deleted.wait(0.5)
-        writer.commit()
-    finally:
-        writer.close()
-    thread.join(timeout=30)
-    assert outcome == [1]
+    # Then the delete waits for the worker (its row locks on PostgreSQL, the write lock on SQLite)
+    assert _waits_for(writer, delete) == [1]
     # And no detection of the job outlives it, though the worker committed after the delete began
     assert _count(factory, Detection) == 0
     assert _count(factory, Image) == 0
@@ -156,16 +162,9 @@ def test_a_close_waits_for_the_chunk_a_producer_records_and_counts_it(factory: F
         with factory() as session, session.begin():
             return close_enqueue(session, job_id, "gone", utcnow())
 
-    thread, closed, outcome = _in_thread(close)
-    try:
-        # Then the close waits for the chunk (a row lock on PostgreSQL, the write lock on SQLite)
-        assert not closed.wait(0.5)
-        producer.commit()
-    finally:
-        producer.close()
-    thread.join(timeout=30)
-    # And counts it: the job's total is every image it has, none left outside it
-    assert outcome == [5]
+    # Then the close waits for the chunk (a row lock on PostgreSQL, the write lock on SQLite), and counts
+    # it: the job's total is every image it has, none left outside it
+    assert _waits_for(producer, close) == [5]
     with factory() as session:
         total = session.get_one(Job, job_id).total
     assert total == 5 == _count(factory, Image)
