@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 Clock = Callable[[], datetime]
+
+WARN_OFFSET_S = 2.0  # a skew NTP would not leave: said in the log
 
 
 def local_now() -> datetime:
@@ -47,3 +49,36 @@ def clock_offset_s(session: Session, local: Clock = local_now) -> tuple[float, f
         return None
     halfway = before.timestamp() + round_trip / 2
     return halfway - server.timestamp(), round_trip
+
+
+def unexplained_skew_s(offset_s: float, round_trip_s: float) -> float:
+    """How far a measured offset is beyond what the measurement's round trip can explain (>= 0)."""
+    return max(0.0, abs(offset_s) - round_trip_s / 2)
+
+
+def offset_words(offset_s: float) -> str:
+    """The offset said in words: "this machine's clock is 60.0 s behind the database server's"."""
+    side = "ahead of" if offset_s > 0 else "behind"
+    return f"this machine's clock is {abs(offset_s):.1f} s {side} the database server's"
+
+
+class LedgerClock:
+    """The database server's time read off this machine's clock, corrected by the offset last measured:
+    for a process that acts at given times (the scheduler fires its schedules by it) without a round trip
+    at each reading. Until measured, and on SQLite, it is this machine's clock.
+    """
+
+    def __init__(self, local: Clock = local_now) -> None:
+        self._local = local
+        self.offset_s = 0.0  # this clock minus the server's
+
+    def now(self) -> datetime:
+        """The server's time now, as last measured against this clock."""
+        return self._local() - timedelta(seconds=self.offset_s)
+
+    def measure(self, session: Session) -> tuple[float, float] | None:
+        """Measure the offset again (clock_offset_s), keep it, and return it; None on SQLite."""
+        measured = clock_offset_s(session, self._local)
+        if measured is not None:
+            self.offset_s = measured[0]
+        return measured

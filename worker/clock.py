@@ -6,11 +6,9 @@ import logging
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.clock import Clock, clock_offset_s, local_now
+from db.clock import WARN_OFFSET_S, Clock, clock_offset_s, local_now, offset_words, unexplained_skew_s
 
 log = logging.getLogger(__name__)
-
-WARN_OFFSET_S = 2.0  # a skew NTP would not leave: said in the log
 
 
 def check_clock(
@@ -27,11 +25,10 @@ def check_clock(
     if measured is None:
         return None
     offset, round_trip = measured
-    skew = max(0.0, abs(offset) - round_trip / 2)  # what the round trip cannot explain
+    skew = unexplained_skew_s(offset, round_trip)
     if skew <= WARN_OFFSET_S:
         return None
-    side = "ahead of" if offset > 0 else "behind"
-    where = f"this machine's clock is {abs(offset):.1f} s {side} the database server's"
+    where = offset_words(offset)
     if skew >= worker_timeout_s / 3:
         return (
             f"{where}: other machines judge this worker's heartbeats by their clocks, and would take it for"

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from celery import Celery
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import BaseSchedule, schedstate
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.clock import LedgerClock
 from db.models import as_utc, utcnow
 from db.schedules_repo import note_schedules_seen, schedule_states
 from detq.contract import QUEUE_CONTROL, TASK_SCHEDULED_RUN
@@ -25,10 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class CronSchedule(BaseSchedule):
-    """A beat schedule over a CronSpec; due when a fire time passed since the last run."""
+    """A beat schedule over a CronSpec; due when a fire time passed since the last run, by nowfun's clock."""
 
-    def __init__(self, spec: CronSpec, app: Celery | None = None) -> None:
-        super().__init__(nowfun=utcnow, app=app)
+    def __init__(
+        self, spec: CronSpec, app: Celery | None = None, nowfun: Callable[[], datetime] = utcnow
+    ) -> None:
+        super().__init__(nowfun=nowfun, app=app)
         self.spec = spec
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
@@ -58,11 +62,13 @@ class CronSchedule(BaseSchedule):
 
 @dataclass(frozen=True)
 class BeatContext:
-    """What the leader scheduler needs: the schedules, the database, and the lease."""
+    """What the leader scheduler needs: the schedules, the database, the lease, and the clock it fires by
+    (the database server's, so that a machine whose clock is off fires its schedules on time)."""
 
     schedules: Sequence[Schedule]
     factory: sessionmaker[Session]
     leadership: Leadership
+    clock: LedgerClock = field(default_factory=LedgerClock)
 
 
 class LeaderScheduler(Scheduler):
@@ -95,11 +101,22 @@ class LeaderScheduler(Scheduler):
         leadership = self.context.leadership
         if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + leadership.renew_interval_s
-            self._on_lease(leadership.check())
+            held = leadership.check()
+            if held:
+                self._measure_clock()
+            self._on_lease(held)
         until_check = max(self._next_check - time.monotonic(), 0.0)
         if not self._leading:
             return min(until_check, float(self.max_interval or 1))
         return min(float(super().tick(*args, **kwargs)), until_check)
+
+    def _measure_clock(self) -> None:
+        """Measure the server's clock again, as often as the lease is renewed; a failure keeps the last."""
+        try:
+            with self.context.factory() as session:
+                self.context.clock.measure(session)
+        except SQLAlchemyError as exc:
+            log.debug("detq scheduler: clock not measured (%s); firing by the last offset", exc)
 
     def _on_lease(self, held: bool) -> None:
         if held and not self._leading:
@@ -115,7 +132,7 @@ class LeaderScheduler(Scheduler):
         """Entries whose last run is the latest run in the database, or when the schedule was first seen."""
         names = [s.name for s in self.context.schedules]
         with self.context.factory() as session, session.begin():
-            note_schedules_seen(session, names, utcnow())
+            note_schedules_seen(session, names, self.context.clock.now())
             states = schedule_states(session, names)
         entries = {}
         for schedule in self.context.schedules:
@@ -126,7 +143,7 @@ class LeaderScheduler(Scheduler):
             entries[schedule.name] = self.Entry(
                 name=schedule.name,
                 task=TASK_SCHEDULED_RUN,
-                schedule=CronSchedule(schedule.cron, app=self.app),
+                schedule=CronSchedule(schedule.cron, app=self.app, nowfun=self.context.clock.now),
                 last_run_at=as_utc(last),
                 options={"queue": QUEUE_CONTROL, "routing_key": QUEUE_CONTROL},
                 app=self.app,
@@ -148,7 +165,7 @@ class LeaderScheduler(Scheduler):
         schedule = entry.schedule
         if not isinstance(schedule, CronSchedule) or entry.name is None:
             return super().apply_async(entry, producer=producer, advance=False, **kwargs)
-        scheduled_for = schedule.spec.latest_at_or_before(utcnow())
+        scheduled_for = schedule.spec.latest_at_or_before(schedule.now())
         log.info("detq scheduler: %s due for %s; sent to the control queue", entry.name, scheduled_for)
         return self.app.send_task(
             TASK_SCHEDULED_RUN,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.clock import clock_offset_s, ledger_now
+from db.clock import LedgerClock, clock_offset_s, ledger_now, offset_words, unexplained_skew_s
 from db.engine import make_engine, make_session_factory
 
 
@@ -45,3 +45,32 @@ def test_liveness_is_stamped_by_the_servers_clock_on_postgresql(factory: session
     else:
         # PostgreSQL: the server's (its transaction's start), the clock every machine of a fleet shares
         assert now == server
+
+
+def test_a_ledger_clock_reads_the_servers_time_off_a_skewed_clock(postgres_url: str) -> None:
+    # Given a machine whose clock is an hour behind the database server's
+    clock = LedgerClock(lambda: _shifted(-3600))
+    assert abs((clock.now() - datetime.now(UTC)).total_seconds() + 3600) < 1  # its own, until measured
+    engine = make_engine(postgres_url)
+    try:
+        # When the clock is measured against the server
+        with make_session_factory(engine)() as session:
+            measured = clock.measure(session)
+    finally:
+        engine.dispose()
+    # Then it reads the server's time (here the same machine's) without asking it again
+    assert measured is not None and -3600.5 < measured[0] < -3599.5
+    assert abs((clock.now() - datetime.now(UTC)).total_seconds()) < 0.5
+    assert offset_words(measured[0]).startswith("this machine's clock is 3600.")
+    assert unexplained_skew_s(-3.0, 0.5) == 2.75 and unexplained_skew_s(0.1, 0.4) == 0.0
+
+
+def test_a_ledger_clock_on_sqlite_is_this_machines(sqlite_url: str) -> None:
+    clock = LedgerClock(lambda: _shifted(-3600))
+    engine = make_engine(sqlite_url)
+    try:
+        with make_session_factory(engine)() as session:
+            assert clock.measure(session) is None
+    finally:
+        engine.dispose()
+    assert clock.offset_s == 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import service_missing
 
 DETQ = [sys.executable, "-m", "detq.cli"]
 READY_MARK = "ready on"
@@ -82,6 +85,15 @@ class WorkerHandle:
         raise AssertionError(
             f"{text!r} x{count} not seen in the worker log within {timeout} s:\n{self.log()[-4000:]}"
         )
+
+
+def faked_clock(offset: str) -> list[str]:
+    """The command prefix that runs a process with its wall clock shifted by offset (libfaketime; set
+    DONT_FAKE_MONOTONIC=1 in its environment to leave its monotonic clock alone)."""
+    faketime = shutil.which("faketime")
+    if faketime is None:
+        service_missing("faketime", FileNotFoundError("apt-get install faketime"))
+    return [str(faketime), "-f", offset]
 
 
 @contextmanager

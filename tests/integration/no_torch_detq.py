@@ -1,15 +1,22 @@
-"""Run the detq CLI with `import torch` forbidden: an attempt writes DETQ_TORCH_MARK's file and fails."""
+"""Run the detq CLI with `import torch` forbidden: an attempt writes DETQ_TORCH_MARK's file and fails.
+
+Under libfaketime (DETQ_TEST_FAKED_CLOCK set) time.sleep waits on an event instead: libfaketime 0.9.10
+breaks Python 3.11's sleep, an absolute CLOCK_MONOTONIC clock_nanosleep, with EINVAL when the monotonic
+clock is left alone (https://github.com/wolfcw/libfaketime/issues/426); a relative wait is unaffected."""
 
 from __future__ import annotations
 
 import importlib.abc
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 MARK_VARIABLE = "DETQ_TEST_TORCH_MARK"  # read by this test wrapper only, not by detq
+FAKED_CLOCK_VARIABLE = "DETQ_TEST_FAKED_CLOCK"  # likewise
 
 
 class TorchBlocker(importlib.abc.MetaPathFinder):
@@ -25,8 +32,15 @@ class TorchBlocker(importlib.abc.MetaPathFinder):
         return None
 
 
+def relative_sleep(seconds: float) -> None:
+    """time.sleep as a relative wait (libfaketime issue 426)."""
+    threading.Event().wait(seconds)
+
+
 if __name__ == "__main__":
     sys.meta_path.insert(0, TorchBlocker())
+    if os.environ.get(FAKED_CLOCK_VARIABLE):
+        time.sleep = relative_sleep
     from detq.cli.main import main
 
     sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,6 @@ enqueue and a lease, is on the database server's clock."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -18,8 +17,7 @@ from db.models import Job, SchedulerLease, as_utc
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
 from dispatch.leadership import Leadership
-from tests.conftest import service_missing
-from tests.integration.harness import DETQ, Deployment
+from tests.integration.harness import DETQ, Deployment, faked_clock
 
 pytestmark = pytest.mark.integration
 
@@ -33,14 +31,6 @@ sessions = make_session_factory(make_engine(sys.argv[1]))
 assert Leadership(sessions, ttl_s=float(sys.argv[2]), owner="skewed", name="probe").check()
 print(datetime.now(UTC).isoformat())
 """
-
-
-def _faked(offset: str) -> list[str]:
-    """The command prefix that runs a process with its clock shifted by offset (its monotonic one left)."""
-    faketime = shutil.which("faketime")
-    if faketime is None:
-        service_missing("faketime", FileNotFoundError("apt-get install faketime"))
-    return [str(faketime), "-f", offset]
 
 
 def _server_now(url: str) -> datetime:
@@ -66,7 +56,7 @@ def test_a_producer_a_minute_behind_stamps_its_enqueue_by_the_databases_clock(
     write_dataset(images, 4, seed=5)
     # When it enqueues a folder
     done = subprocess.run(
-        [*_faked("-60s"), *DETQ, "enqueue", str(images), "--json"],
+        [*faked_clock("-60s"), *DETQ, "enqueue", str(images), "--json"],
         env={**deployment.env(), "DONT_FAKE_MONOTONIC": "1"},
         capture_output=True,
         text=True,
@@ -96,7 +86,7 @@ def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
 
     migrate(postgres_url)
     done = subprocess.run(
-        [*_faked("-60s"), sys.executable, "-c", _HOLD_LEASE, postgres_url, "20"],
+        [*faked_clock("-60s"), sys.executable, "-c", _HOLD_LEASE, postgres_url, "20"],
         env={**os.environ, "DONT_FAKE_MONOTONIC": "1"},
         capture_output=True,
         text=True,

@@ -8,9 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from db.engine import make_engine, make_session_factory
 from db.export_repo import iter_ledger
 from demo.shapes import write_dataset
 from producer.scheduler.report import RunSummary, run_summaries
-from tests.integration.harness import Deployment, WorkerHandle, running_worker, stop_worker
+from tests.integration.harness import Deployment, WorkerHandle, faked_clock, running_worker, stop_worker
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,17 @@ def configure(
 
 
 @contextmanager
-def running_scheduler(deployment: Deployment, name: str = "s") -> Iterator[WorkerHandle]:
-    """`detq scheduler` under a wrapper that fails any import of torch and records it in a mark file."""
+def running_scheduler(
+    deployment: Deployment, name: str = "s", prefix: Sequence[str] = ()
+) -> Iterator[WorkerHandle]:
+    """`detq scheduler` under a wrapper that fails any import of torch and records it in a mark file;
+    prefix runs it under another command (faketime)."""
     log_path = deployment.data_dir / f"scheduler-{name}-{time.monotonic_ns()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = deployment.env() | {"DETQ_TEST_TORCH_MARK": str(torch_mark(deployment))}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, str(WRAPPER), "scheduler", "--loglevel", "INFO"],
+            [*prefix, sys.executable, str(WRAPPER), "scheduler", "--loglevel", "INFO"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -229,3 +232,24 @@ def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
         finished = wait_until_finished(embedded, run.job_id, timeout=120)
     print(f"\nscheduler killed: run closed and finished {time.monotonic() - killed_at:.1f} s later")
     assert finished.pending == 0 and finished.total > 0 and finished.failed == finished.total
+
+
+def test_a_scheduler_a_minute_behind_fires_by_the_databases_clock(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a scheduler whose machine's clock is 60 s behind the database server's, a schedule every 5 s
+    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
+    deployment.run("db", "upgrade")
+    images = tmp_path / "images"
+    write_dataset(images, 2, seed=3)
+    configure(deployment, tmp_path, images, "*/5 * * * * *")
+    # faketime shifts the wall clock only; the wrapper sleeps around libfaketime's bug with that
+    deployment.extra.update({"DONT_FAKE_MONOTONIC": "1", "DETQ_TEST_FAKED_CLOCK": "1"})
+    with running_scheduler(deployment, prefix=faked_clock("-60s")) as scheduler:
+        # When it makes its first run
+        run = wait_for_run(deployment, after=0)
+        seen_at = datetime.now(UTC)  # this machine's clock, the server's here
+    # Then it said its clock is off, and the run is for a fire time by the server's clock, not 60 s ago
+    said = scheduler.log()
+    assert "this machine's clock is 60." in said and "behind the database server's" in said
+    assert timedelta(0) <= seen_at - datetime.fromisoformat(run.scheduled_for) < timedelta(seconds=15)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +13,7 @@ import pytest
 
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
-from tests.conftest import service_missing
-from tests.integration.harness import DETQ, LOADED_MARK, Deployment, running_worker
+from tests.integration.harness import DETQ, LOADED_MARK, Deployment, faked_clock, running_worker
 from tests.support import retag_archive_device
 
 pytestmark = pytest.mark.integration
@@ -127,15 +125,12 @@ def test_a_worker_whose_clock_is_a_minute_behind_the_databases_refuses_to_start(
 ) -> None:
     # Given a machine whose clock is 60 s behind the database server's (libfaketime; the monotonic clock
     # left alone), where other machines would judge its heartbeats by their own clocks
-    faketime = shutil.which("faketime")
-    if faketime is None:
-        service_missing("faketime", FileNotFoundError("apt-get install faketime"))
     deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
     deployment.run("db", "upgrade")
     env = {**deployment.env(), "DONT_FAKE_MONOTONIC": "1"}
     # When a worker starts there
     done = subprocess.run(
-        [str(faketime), "-f", "-60s", *DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
+        [*faked_clock("-60s"), *DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
         env=env,
         capture_output=True,
         text=True,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.clock import LedgerClock
 from db.engine import make_engine, make_session_factory
 from db.models import ScheduleState
 from detq.celery_app import make_celery_app
@@ -22,6 +23,7 @@ from producer.scheduler.schedules import Schedule
 from tests.ledger_support import migrate
 
 EVERY_MINUTE = CronSpec("* * * * *")
+HOURLY = CronSpec("0 * * * *")
 
 
 def test_cron_schedule_is_due_once_however_many_times_were_missed() -> None:
@@ -44,13 +46,22 @@ def factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
 
 
 def _scheduler(
-    factory: sessionmaker[Session], tmp_path: Path, owner: str, sent: list[dict[str, Any]]
+    factory: sessionmaker[Session],
+    tmp_path: Path,
+    owner: str,
+    sent: list[dict[str, Any]],
+    *,
+    clock: LedgerClock | None = None,
+    cron: CronSpec = EVERY_MINUTE,
 ) -> LeaderScheduler:
     app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
     app.send_task = lambda name, **kwargs: sent.append({"name": name, **kwargs})  # type: ignore[method-assign]
-    schedule = Schedule(name="cams", folders=(tmp_path,), cron=EVERY_MINUTE)
+    schedule = Schedule(name="cams", folders=(tmp_path,), cron=cron)
     context = BeatContext(
-        schedules=[schedule], factory=factory, leadership=Leadership(factory, ttl_s=30, owner=owner)
+        schedules=[schedule],
+        factory=factory,
+        leadership=Leadership(factory, ttl_s=30, owner=owner),
+        clock=clock or LedgerClock(),
     )
     return LeaderScheduler.bound_to(context)(app=app, max_interval=1)
 
@@ -98,3 +109,28 @@ def test_only_the_lease_holder_sends(factory: sessionmaker[Session], tmp_path: P
         standby.tick()
         leader.tick()
     assert (len(leader_sent), standby_sent, standby.schedule) == (1, [], {})
+
+
+def test_a_scheduler_whose_clock_is_off_fires_by_the_servers(postgres_url: str, tmp_path: Path) -> None:
+    # Given a scheduler on a machine two hours behind the database server, an hourly schedule last run
+    # three days ago
+    migrate(postgres_url)
+    engine = make_engine(postgres_url)
+    factory = make_session_factory(engine)
+    try:
+        three_days_ago = datetime.now(UTC) - timedelta(days=3)
+        with factory() as session, session.begin():
+            session.add(
+                ScheduleState(name="cams", first_seen_at=three_days_ago, last_scheduled_for=three_days_ago)
+            )
+        sent: list[dict[str, Any]] = []
+        clock = LedgerClock(lambda: datetime.now(UTC) - timedelta(hours=2))
+        scheduler = _scheduler(factory, tmp_path, "a", sent, clock=clock, cron=HOURLY)
+        # When beat ticks
+        for _ in range(3):
+            scheduler.tick()
+    finally:
+        engine.dispose()
+    # Then the run it sends is for the server's latest hour, not for the one its clock shows
+    ((_, scheduled_for),) = [message["args"] for message in sent]
+    assert datetime.fromisoformat(scheduled_for) == HOURLY.latest_at_or_before(datetime.now(UTC))
