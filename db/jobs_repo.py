@@ -59,6 +59,7 @@ def set_unreadable_folders(
 
 
 CANCELLED_REASON = "cancelled"
+PRODUCER_GONE_REASON = "enqueue interrupted (its producer stopped); closed with the images recorded"
 
 
 def cancel_job(session: Session, job_id: int, now: datetime) -> int:
@@ -166,6 +167,21 @@ def close_stale_enqueue(
     since it was found); the images recorded, or None."""
     locked = session.scalar(select(Job.id).where(Job.id == job_id, _stale(seen_before)).with_for_update())
     return None if locked is None else _close_locked(session, job_id, reason, now)
+
+
+def take_back_producer_gone(session: Session, job_id: int) -> bool:
+    """Clear PRODUCER_GONE_REASON from a job whose producer turns out to have recorded every file (closed
+    by a reconciler after its last chunk, in a stall past DETQ_WORKER_TIMEOUT); False if it was closed
+    for another reason, or deleted."""
+    outcome = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.closed_reason == PRODUCER_GONE_REASON)
+            .values(closed_reason=None)
+        ),
+    )
+    return outcome.rowcount == 1
 
 
 def close_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:

@@ -19,7 +19,7 @@ from db.batches_repo import (
     set_missing,
 )
 from db.clock import ledger_now
-from db.jobs_repo import close_stale_enqueue, stale_enqueues
+from db.jobs_repo import PRODUCER_GONE_REASON, close_stale_enqueue, stale_enqueues
 from db.ledger import Ledger
 from db.models import WorkerRecord, as_utc
 from db.retry import in_transaction
@@ -63,9 +63,6 @@ def held_task_ids(workers: Sequence[WorkerRecord]) -> set[str]:
     return held
 
 
-REASON_PRODUCER_GONE = "enqueue interrupted (its producer stopped); closed with the images recorded"
-
-
 def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: ReconcileReport) -> None:
     seen_before = now - timedelta(seconds=settings.worker_timeout)
     report.lost_workers = in_transaction(ledger.sessions, lambda s: close_lost_workers(s, seen_before, now))
@@ -76,7 +73,7 @@ def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: Recon
                 close_stale_enqueue,
                 job_id=job_id,
                 seen_before=seen_before,
-                reason=REASON_PRODUCER_GONE,
+                reason=PRODUCER_GONE_REASON,
                 now=now,
             ),
         )

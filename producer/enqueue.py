@@ -20,6 +20,7 @@ from db.jobs_repo import (
     get_job,
     lock_open_enqueue,
     set_unreadable_folders,
+    take_back_producer_gone,
 )
 from db.models import utcnow
 from db.retry import in_transaction
@@ -195,11 +196,18 @@ def enqueue_folders(
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
         mark_sent(session, sent, utcnow())
+        # Closed since its last chunk? By a reconciler that took this producer, stalled past the timeout,
+        # for a dead one: its close counted every file, and its reason is taken back. By `detq cancel`:
+        # said below.
+        finished = lock_open_enqueue(session, job_id) or take_back_producer_gone(session, job_id)
         if counts is not None:
             set_run_counts(session, job_id, counts)
         if notes.unreadable_count:
             set_unreadable_folders(session, job_id, notes.unreadable_count, notes.unreadable)
-        finish_enqueue(session, job_id, recorded)
+        if finished:
+            finish_enqueue(session, job_id, recorded)
+    if not finished:
+        raise _closed_under_it(factory, job_id, recorded, scanned=True)
     if on_progress is not None:
         on_progress(sender.images, sender.batches)
     log.info("job %d: %d images in %d batches queued on %r", job_id, sender.images, sender.batches, queue)
@@ -226,14 +234,20 @@ def check_model_file(model_path: Path) -> Path:
     return model_file
 
 
-def _closed_under_it(factory: sessionmaker[Session], job_id: int, recorded: int) -> EnqueueError:
-    """The error of an enqueue whose job was closed under it: by whom, what is left, what to do."""
+def _closed_under_it(
+    factory: sessionmaker[Session], job_id: int, recorded: int, *, scanned: bool = False
+) -> EnqueueError:
+    """The error of an enqueue whose job was closed under it: by whom, what is left, what to do;
+    scanned: after its last file was recorded."""
     with factory() as session:
         job = get_job(session, job_id)
         reason = job.closed_reason if job is not None else None
+    closed = f'job {job_id} was closed while it was being enqueued: "{reason or "deleted"}"'
+    if scanned:
+        return EnqueueError(f"{closed}, after all its {recorded} files were recorded")
     return EnqueueError(
-        f'job {job_id} was closed while it was being enqueued: "{reason or "deleted"}"; its images are the'
-        f" {recorded} files recorded before; enqueue the folders again with --only-new for the rest"
+        f"{closed}; its images are the {recorded} files recorded before; enqueue the folders again with"
+        " --only-new for the rest"
     )
 
 
