@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 
@@ -82,3 +86,23 @@ class LedgerClock:
         if measured is not None:
             self.offset_s = measured[0]
         return measured
+
+
+def measured_clock(sessions: sessionmaker[Session], who: str, local: Clock = local_now) -> LedgerClock:
+    """A LedgerClock measured now, for a process that starts (who: "detq worker"); a warning in the log
+    when this machine's clock is more than WARN_OFFSET_S off the server's (it is corrected, but a clock
+    that far off is one that nothing synchronises)."""
+    clock = LedgerClock(local)
+    try:
+        with sessions() as session:
+            measured = clock.measure(session)
+    except SQLAlchemyError as exc:  # measured again at the process's next heartbeat or lease renewal
+        log.warning("%s: could not read the database server's clock (%s)", who, exc)
+        return clock
+    if measured is not None and unexplained_skew_s(*measured) > WARN_OFFSET_S:
+        log.warning(
+            "%s: %s; the times it writes are corrected to the server's; synchronise the clocks (NTP, chrony)",
+            who,
+            offset_words(measured[0]),
+        )
+    return clock

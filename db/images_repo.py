@@ -11,7 +11,8 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
-from db.jobs_repo import close_enqueue, close_job_if_complete, end_pending_images
+from db.enqueue_repo import close_enqueue
+from db.jobs_repo import close_job_if_complete, end_pending_images
 from db.models import Detection, Image, table_of, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
@@ -183,8 +184,10 @@ def finalise_results(
     *,
     worker: str,
     device: str,
+    now: datetime | None = None,
 ) -> set[int]:
-    """Finalise pending images with their results, idempotently; returns the ids newly finalised.
+    """Finalise pending images with their results, idempotently; returns the ids newly finalised (now:
+    their finish time, this machine's clock by default).
 
     Only images still pending, locked first, move to their terminal state and get detections, so a batch
     delivered twice, or raced by two workers, writes each image's detections once and never overwrites a
@@ -195,7 +198,7 @@ def finalise_results(
     for result in results:
         if result.status not in TERMINAL_STATUSES:
             raise ValueError(f"image {result.image_id}: a result must be terminal, not {result.status!r}")
-    now = utcnow()
+    now = now or utcnow()
     ordered = sorted(results, key=lambda r: r.image_id)
     # Lock the images still pending, in id order; a racing transaction waits here and, once the first
     # commits, finds them terminal (PostgreSQL re-checks the WHERE of a FOR UPDATE on the new row version).

@@ -19,7 +19,7 @@ from db.batches_repo import (
     set_missing,
 )
 from db.clock import ledger_now
-from db.jobs_repo import PRODUCER_GONE_REASON, close_stale_enqueue, stale_enqueues
+from db.enqueue_repo import PRODUCER_GONE_REASON, close_stale_enqueue, stale_enqueues
 from db.ledger import Ledger
 from db.models import WorkerRecord, as_utc
 from db.retry import in_transaction

@@ -12,16 +12,11 @@ from celery import Celery
 from kombu import exceptions as kombu_errors
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.batches_repo import create_batches, mark_sent
+from db.batches_repo import mark_sent
 from db.clock import ledger_now
-from db.images_repo import NewImage, abandon_enqueue, insert_batched_images
-from db.jobs_repo import (
-    finish_enqueue,
-    get_job,
-    lock_open_enqueue,
-    set_unreadable_folders,
-    take_back_producer_gone,
-)
+from db.enqueue_repo import lock_open_enqueue, take_back_producer_gone
+from db.images_repo import abandon_enqueue
+from db.jobs_repo import finish_enqueue, get_job, set_unreadable_folders
 from db.models import utcnow
 from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, set_run_counts
@@ -35,9 +30,9 @@ from producer.fleet import processes_on_queue
 from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.new_job import create_enqueue_job
 from producer.read_ahead import ChunksAhead
-from producer.scan import ScannedFile, ScanNotes, scan_roots
+from producer.record_chunk import record_chunk
+from producer.scan import ScanNotes, scan_roots
 from producer.sender import ChunkSender
-from producer.taper import tapered_sizes
 from producer.unqueued_run import record_unqueued_run
 
 log = logging.getLogger(__name__)
@@ -179,7 +174,7 @@ def enqueue_folders(
                         if tally is not None:
                             # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
                             chunk = select_files(session, model_id, chunk, max_retries, tally)
-                        batches, refused = _record_chunk(
+                        batches, refused = record_chunk(
                             session, job_id, chunk, batch_size, processes if last else 0
                         )
                 if not still_open:
@@ -278,29 +273,3 @@ def _record_unqueued_run(
         batch_size=batch_size,
         reason=f"nothing queued: {error}",
     )
-
-
-def _record_chunk(
-    session: Session, job_id: int, chunk: Sequence[ScannedFile], batch_size: int, processes: int
-) -> tuple[list[tuple[int, list[int]]], int]:
-    """Insert a chunk's rows (refused names as rejected) in batches, tapered for `processes` (0: full
-    batches); (batch id, image ids) to send."""
-    now = utcnow()
-    refused = [
-        NewImage(f.path, f.size_bytes, f.mtime, f.root_index, rejected=f.refused) for f in chunk if f.refused
-    ]
-    accepted = [f for f in chunk if not f.refused]
-    groups: list[list[ScannedFile]] = []
-    start = 0
-    for size in tapered_sizes(len(accepted), batch_size, processes):
-        groups.append(accepted[start : start + size])
-        start += size
-    batch_ids = create_batches(session, job_id, [len(g) for g in groups], now)
-    rows = [
-        NewImage(f.path, f.size_bytes, f.mtime, f.root_index, batch_id=batch_id)
-        for batch_id, group in zip(batch_ids, groups, strict=True)
-        for f in group
-    ]
-    ids = insert_batched_images(session, job_id, [*rows, *refused])
-    out = [(batch_id, ids[batch_id]) for batch_id in batch_ids]
-    return out, len(refused)

@@ -9,7 +9,7 @@ from types import TracebackType
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.clock import ledger_now
-from db.jobs_repo import touch_enqueue
+from db.enqueue_repo import touch_enqueue
 from db.retry import in_transaction
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ class EnqueueWatch:
     database's clock (db.clock.ledger_now: the reconciler judges it by the same clock).
 
     Whether the job is still open is asked where it matters, in each chunk's transaction
-    (db.jobs_repo.lock_open_enqueue).
+    (db.enqueue_repo.lock_open_enqueue).
     """
 
     def __init__(self, sessions: sessionmaker[Session], job_id: int, interval_s: float) -> None:

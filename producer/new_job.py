@@ -8,7 +8,8 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.clock import ledger_now
-from db.jobs_repo import create_job, get_or_create_model, touch_enqueue
+from db.enqueue_repo import touch_enqueue
+from db.jobs_repo import create_job, get_or_create_model
 from db.schedules_repo import RunKey, claim_run
 from detq.vocabulary import Pool
 from producer.unqueued_run import RunAlreadyClaimed

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.jobs_repo import close_enqueue, get_or_create_model, latest_model_at
+from db.enqueue_repo import close_enqueue
+from db.jobs_repo import get_or_create_model, latest_model_at
 from db.models import ModelRecord, utcnow
 from db.retry import in_transaction
 from db.schedules_repo import RunKey, claim_run

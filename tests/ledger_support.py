@@ -3,7 +3,8 @@ of pending images and results with boxes for them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,3 +64,32 @@ def done_results(image_ids: list[int], boxes: int = 3) -> list[ImageResult]:
     """A done result with `boxes` identical boxes for each image."""
     box = DetectionRow(label_id=2, label="dog", score=0.7, x1=1, y1=2, x2=3, y2=4)
     return [ImageResult(image_id=i, status=ImageStatus.DONE, detections=(box,) * boxes) for i in image_ids]
+
+
+def in_thread(work: Callable[[], int | None]) -> tuple[threading.Thread, threading.Event, list[object]]:
+    """Run work in a thread: (the thread, set once it returned, [its result or error])."""
+    finished, outcome = threading.Event(), []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # noqa: B036 - reported to the main thread by the caller
+            outcome.append(error)
+        finished.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, finished, outcome
+
+
+def waits_for(holder: Session, work: Callable[[], int | None]) -> list[object]:
+    """Run work in a thread while holder's transaction is open: it must wait (row locks on PostgreSQL, the
+    write lock on SQLite) until holder commits; then its result (or error)."""
+    thread, finished, outcome = in_thread(work)
+    try:
+        assert not finished.wait(0.5), "it did not wait for the open transaction"
+        holder.commit()
+    finally:
+        holder.close()
+    thread.join(timeout=30)
+    return outcome

@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images
 from db.images_repo import ImageResult, PendingImage, finalise_results
 from db.jobs_repo import JobModel, job_model, mark_started
-from db.models import utcnow
 from db.retry import in_transaction
 from detq.vocabulary import ImageStatus
 from worker.detect import DetectionTimedOut, detect_images
@@ -87,7 +86,7 @@ def _read_job(session: Session, job_id: int) -> JobModel:
 
 def claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
     """The batch's pending images, free or held by a live process, as this process sees them now."""
-    now = utcnow()
+    now = runtime.clock.now()
     return claimable_images(
         session,
         job_id,
@@ -123,7 +122,7 @@ def _start(
         job = _read_job(session, job_id)
     runtime.remember_job(job_id, job)
     fresh = [i for i in view.free if i.attempts == 0]
-    now = utcnow()
+    now = runtime.clock.now()
     won = set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=now)) if fresh else set()
     if won and job_id not in runtime.started_jobs:
         mark_started(session, job_id, now)  # the job's running time counts from its first claim
@@ -131,7 +130,7 @@ def _start(
 
 
 def _claim_one(runtime: WorkerRuntime, image: Claimable, batch_id: int | None) -> bool:
-    now = utcnow()
+    now = runtime.clock.now()
     won = in_transaction(
         runtime.ledger.sessions, lambda s: claim(s, [image], me=runtime.worker_id, batch_id=batch_id, now=now)
     )
@@ -147,7 +146,13 @@ def write_results(
     return in_transaction(
         runtime.ledger.sessions,
         lambda s: finalise_results(
-            s, job_id, model_id, results, worker=runtime.worker_name, device=runtime.device
+            s,
+            job_id,
+            model_id,
+            results,
+            worker=runtime.worker_name,
+            device=runtime.device,
+            now=runtime.clock.now(),
         ),
     )
 

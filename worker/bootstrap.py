@@ -115,6 +115,7 @@ class PoolBootstrap:
                 ),
                 interval_s=self.settings.heartbeat_interval_s,
                 state=runtime.stats.beat,
+                clock=runtime.clock,
             )
             runtime.worker_id = runtime.heartbeat.start()
             if kept:

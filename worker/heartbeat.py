@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import WorkerRecord, utcnow
+from db.clock import LedgerClock
+from db.models import WorkerRecord
 from db.retry import in_transaction
 from db.workers_repo import STOPPED, Beat, WorkerIdentity, beat, close_worker, register_worker
 
@@ -100,6 +101,7 @@ class Heartbeat:
         interval_s: float,
         state: Callable[[], Beat],
         watch_s: float | None = None,
+        clock: LedgerClock | None = None,
     ) -> None:
         """watch_s: also read state() this often, and beat at once when its held task ids change (a node
         that falls idle says so within watch_s, not a whole interval later)."""
@@ -109,20 +111,31 @@ class Heartbeat:
         self.watch_s = min(watch_s, interval_s) if watch_s else interval_s
         self.state = state
         self.worker_id = 0
+        # The time this process stamps, measured against the database server's at each beat: other
+        # machines judge it by that clock, and this one's may be off or drift.
+        self.clock = clock or LedgerClock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"detq-heartbeat-{identity.role}", daemon=True)
 
     def start(self) -> int:
         """Register the row and start beating; returns the row's id."""
-        now = utcnow()
-        self.worker_id = in_transaction(self.sessions, lambda s: register_worker(s, self.identity, now))
+        self.worker_id = in_transaction(self.sessions, self._register)
         self._thread.start()
         return self.worker_id
 
     def beat_now(self, payload: Beat | None = None) -> None:
         """One heartbeat, now (of payload, or of state() read now)."""
-        payload, now = payload or self.state(), utcnow()
-        in_transaction(self.sessions, lambda s: beat(s, self.worker_id, now, payload), give_up_after_s=5)
+        payload = payload or self.state()
+
+        def refresh(session: Session) -> None:
+            self.clock.measure(session)
+            beat(session, self.worker_id, self.clock.now(), payload)
+
+        in_transaction(self.sessions, refresh, give_up_after_s=5)
+
+    def _register(self, session: Session) -> int:
+        self.clock.measure(session)
+        return register_worker(session, self.identity, self.clock.now())
 
     def stop(self, reason: str = STOPPED) -> None:
         """Stop beating and close the row (a clean exit)."""
@@ -132,7 +145,7 @@ class Heartbeat:
         try:
             in_transaction(
                 self.sessions,
-                lambda s: close_worker(s, [self.worker_id], utcnow(), reason),
+                lambda s: close_worker(s, [self.worker_id], self.clock.now(), reason),
                 give_up_after_s=5,
             )
         except Exception:  # noqa: BLE001 - the row then ends as lost, found by the reconciler

@@ -13,6 +13,7 @@ from celery.utils.nodenames import default_nodename, host_format
 from celery.worker import state as worker_state
 from kombu.utils.url import maybe_sanitize_url
 
+from db.clock import measured_clock
 from db.ledger import open_ledger
 from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity
 from detq.celery_app import make_celery_app
@@ -26,7 +27,6 @@ from dispatch.idle import IdleWatch
 from dispatch.send import broker_error_reason, check_broker, is_certificate_refusal
 from dispatch.service import TAIL_WATCH_S, ReconcilerLoop
 from worker.bootstrap import EXIT_STARTUP_FAILED, KEPT_CONNECTIONS, PoolBootstrap
-from worker.clock import check_clock
 from worker.devices import (
     NoGpuError,
     decode_threads_per_process,
@@ -106,10 +106,6 @@ def run_worker(
     watch = LostRequestWatch(lost_grace, lost_grace + settings.worker_timeout)
     # Migrates the embedded default, refuses an old PostgreSQL schema; one connection kept, for the beats.
     node_ledger = open_ledger(settings, kept=KEPT_CONNECTIONS)
-    clock_refused = check_clock(node_ledger.sessions, settings.worker_timeout)
-    if clock_refused is not None:
-        node_ledger.close()
-        raise WorkerStartupError(clock_refused)
     node_beat = Heartbeat(
         node_ledger.sessions,
         WorkerIdentity(
@@ -118,6 +114,7 @@ def run_worker(
         interval_s=settings.heartbeat_interval_s,
         state=lambda: Beat(held=watch.held()),
         watch_s=TAIL_WATCH_S,  # an idle node shows at once: backups at a queue's tail go to it
+        clock=measured_clock(node_ledger.sessions, "detq worker"),
     )
     # The node's own look at its queue's tail as soon as a process comes free (dispatch/idle.py).
     idle = IdleWatch(lambda: processes - len(worker_state.requests), node_beat.beat_now)

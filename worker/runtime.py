@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from db.clock import LedgerClock
 from db.jobs_repo import JobModel
 from db.ledger import Ledger
 from detq.settings import Settings
@@ -45,6 +46,9 @@ class WorkerRuntime:
     worker_id: int = 0  # this process's row in the workers table (0: none, as in unit tests)
     stats: ProcessStats = field(default_factory=ProcessStats)
     heartbeat: Heartbeat | None = None
+    # What this process stamps (claims, finish times, its heartbeats): the database server's time, the
+    # offset measured by its heartbeat at each beat.
+    clock: LedgerClock = field(default_factory=LedgerClock)
     metrics: ProcessMetrics | None = None  # with DETQ_METRICS_PORT
     idle_trim: IdleTrim | None = None  # where the heap keeps large buffers (glibc)
 

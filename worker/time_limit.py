@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from db.batches_repo import mark_sent, regroup
 from db.claims_repo import Claimable, release
-from db.models import utcnow
 from db.retry import in_transaction
 from worker.runtime import WorkerRuntime
 
@@ -69,7 +68,7 @@ def send_again(
     groups = split.groups
     if not groups:
         return split
-    now = utcnow()
+    now = runtime.clock.now()
     mine = [i.id for i in free if i.id in claimed]
 
     def regroup_released(session: Session) -> list[int]:

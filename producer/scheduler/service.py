@@ -13,10 +13,9 @@ from typing import Any
 
 from celery.beat import Service
 from celery.signals import worker_ready
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.clock import WARN_OFFSET_S, LedgerClock, offset_words, unexplained_skew_s
+from db.clock import measured_clock
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUE_CONTROL
@@ -60,9 +59,8 @@ def _serve(
     # One engine: the beat thread and the control task each check out their own pooled connection.
     register_control_task(app, make_run_handler(sessions, app, schedules, defaults))
     leadership = Leadership(sessions, ttl_s=settings.scheduler_lease_seconds)
-    context = BeatContext(
-        schedules=schedules, factory=sessions, leadership=leadership, clock=_measured_clock(sessions)
-    )
+    clock = measured_clock(sessions, "detq scheduler")  # its schedules fire by the server's clock
+    context = BeatContext(schedules=schedules, factory=sessions, leadership=leadership, clock=clock)
     service = Service(
         app,
         max_interval=min(MAX_BEAT_INTERVAL_S, leadership.renew_interval_s),  # type: ignore[arg-type]
@@ -102,23 +100,6 @@ def _serve(
             beat_thread.join(timeout=MAX_BEAT_INTERVAL_S * 5)
         leadership.release()
     return int(getattr(worker, "exitcode", 0) or 0)
-
-
-def _measured_clock(sessions: sessionmaker[Session]) -> LedgerClock:
-    """The database server's clock, measured now; a warning if this machine's is seconds off it."""
-    clock = LedgerClock()
-    try:
-        with sessions() as session:
-            measured = clock.measure(session)
-    except SQLAlchemyError as exc:  # measured again at each lease renewal
-        log.warning("detq scheduler: could not read the database server's clock (%s)", exc)
-        return clock
-    if measured is not None and unexplained_skew_s(*measured) > WARN_OFFSET_S:
-        log.warning(
-            "detq scheduler: %s; schedules fire by the server's clock (synchronise this one: NTP, chrony)",
-            offset_words(measured[0]),
-        )
-    return clock
 
 
 def _run_beat(service: Service) -> None:

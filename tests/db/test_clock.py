@@ -3,12 +3,21 @@ judged by, on both databases."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.clock import LedgerClock, clock_offset_s, ledger_now, offset_words, unexplained_skew_s
+from db.clock import (
+    LedgerClock,
+    clock_offset_s,
+    ledger_now,
+    measured_clock,
+    offset_words,
+    unexplained_skew_s,
+)
 from db.engine import make_engine, make_session_factory
 
 
@@ -74,3 +83,30 @@ def test_a_ledger_clock_on_sqlite_is_this_machines(sqlite_url: str) -> None:
     finally:
         engine.dispose()
     assert clock.offset_s == 0.0
+
+
+def test_a_process_starting_on_a_clock_seconds_off_is_warned_and_corrected(
+    postgres_url: str, sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine, local_engine = make_engine(postgres_url), make_engine(sqlite_url)
+    try:
+        sessions = make_session_factory(engine)
+        # A clock in step starts quietly
+        with caplog.at_level(logging.WARNING, logger="db.clock"):
+            measured_clock(sessions, "detq worker")
+        assert caplog.records == []
+        # One 5 s ahead is said in the log, and its readings are the server's
+        with caplog.at_level(logging.WARNING, logger="db.clock"):
+            clock = measured_clock(sessions, "detq worker", lambda: _shifted(5))
+        assert [r.getMessage()[:52] for r in caplog.records] == [
+            "detq worker: this machine's clock is 5.0 s ahead of "
+        ]
+        assert abs((clock.now() - datetime.now(UTC)).total_seconds()) < 0.5
+        # SQLite is this machine's own clock: nothing to measure, nothing said
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="db.clock"):
+            assert measured_clock(make_session_factory(local_engine), "detq worker").offset_s == 0.0
+        assert caplog.records == []
+    finally:
+        engine.dispose()
+        local_engine.dispose()

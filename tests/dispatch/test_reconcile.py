@@ -7,7 +7,8 @@ from datetime import timedelta
 from celery import Celery
 
 from db.batches_repo import mark_sent
-from db.jobs_repo import get_job, touch_enqueue
+from db.enqueue_repo import touch_enqueue
+from db.jobs_repo import get_job
 from db.ledger import Ledger
 from db.models import WorkerRecord, utcnow
 from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity, beat, register_worker

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,13 +86,20 @@ class WorkerHandle:
         )
 
 
-def faked_clock(offset: str) -> list[str]:
-    """The command prefix that runs a process with its wall clock shifted by offset (libfaketime; set
-    DONT_FAKE_MONOTONIC=1 in its environment to leave its monotonic clock alone)."""
-    faketime = shutil.which("faketime")
-    if faketime is None:
-        service_missing("faketime", FileNotFoundError("apt-get install faketime"))
-    return [str(faketime), "-f", offset]
+def faked_clock(offset: str) -> dict[str, str]:
+    """The environment that runs a process with its wall clock shifted by offset, its monotonic clock
+    left alone (libfaketime preloaded: the process itself, not under a `faketime` parent that would take
+    the signals meant for it). Run a detq that sleeps through no_torch_detq.py (libfaketime issue 426)."""
+    libraries = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libraries:
+        service_missing("libfaketime", FileNotFoundError("apt-get install faketime"))
+    return {
+        "LD_PRELOAD": str(libraries[0]),
+        "FAKETIME": offset,
+        "DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "DETQ_TEST_FAKED_CLOCK": "1",
+    }
 
 
 @contextmanager
@@ -105,16 +111,19 @@ def running_worker(
     wait_ready: bool = True,
     name: str = "w",
     loglevel: str = "INFO",
+    command: Sequence[str] = DETQ,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[WorkerHandle]:
-    """Start `detq worker`, wait until every pool process has loaded the model, stop it warmly afterwards."""
+    """Start `detq worker` (by command, with env added to the deployment's), wait until every pool process
+    has loaded the model, stop it warmly afterwards."""
     log_path = deployment.data_dir / f"worker-{name}-{time.monotonic_ns()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*DETQ, "worker", "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel],
+            [*command, "worker", "--pool", pool, "--concurrency", str(concurrency), "--loglevel", loglevel],
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=deployment.env(),
+            env=deployment.env() | dict(env or {}),
             start_new_session=True,
         )
     handle = WorkerHandle(proc, log_path)

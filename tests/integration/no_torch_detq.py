@@ -1,4 +1,5 @@
-"""Run the detq CLI with `import torch` forbidden: an attempt writes DETQ_TORCH_MARK's file and fails.
+"""Run the detq CLI for a test: with DETQ_TEST_TORCH_MARK set, `import torch` is forbidden (an attempt
+writes that file and fails).
 
 Under libfaketime (DETQ_TEST_FAKED_CLOCK set) time.sleep waits on an event instead: libfaketime 0.9.10
 breaks Python 3.11's sleep, an absolute CLOCK_MONOTONIC clock_nanosleep, with EINVAL when the monotonic
@@ -38,7 +39,8 @@ def relative_sleep(seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.meta_path.insert(0, TorchBlocker())
+    if os.environ.get(MARK_VARIABLE):
+        sys.meta_path.insert(0, TorchBlocker())
     if os.environ.get(FAKED_CLOCK_VARIABLE):
         time.sleep = relative_sleep
     from detq.cli.main import main

@@ -1,5 +1,5 @@
 """Machines whose clocks are off (libfaketime): what they stamp for other machines to judge, a producer's
-enqueue and a lease, is on the database server's clock."""
+enqueue, a lease, a worker's heartbeats and claims, is on the database server's clock."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import pytest
 from sqlalchemy import func, select
 
 from db.engine import make_engine, make_session_factory
-from db.models import Job, SchedulerLease, as_utc
+from db.models import Image, Job, SchedulerLease, WorkerRecord, as_utc
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
 from dispatch.leadership import Leadership
-from tests.integration.harness import DETQ, Deployment, faked_clock
+from tests.integration.harness import DETQ, Deployment, faked_clock, running_worker
 
 pytestmark = pytest.mark.integration
+
+WRAPPER = Path(__file__).resolve().parent / "no_torch_detq.py"
 
 # A process that takes a lease and prints when it thinks it is (its clock), then exits holding it.
 _HOLD_LEASE = """
@@ -56,8 +58,8 @@ def test_a_producer_a_minute_behind_stamps_its_enqueue_by_the_databases_clock(
     write_dataset(images, 4, seed=5)
     # When it enqueues a folder
     done = subprocess.run(
-        [*faked_clock("-60s"), *DETQ, "enqueue", str(images), "--json"],
-        env={**deployment.env(), "DONT_FAKE_MONOTONIC": "1"},
+        [*DETQ, "enqueue", str(images), "--json"],
+        env=deployment.env() | faked_clock("-60s"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -86,8 +88,8 @@ def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
 
     migrate(postgres_url)
     done = subprocess.run(
-        [*faked_clock("-60s"), sys.executable, "-c", _HOLD_LEASE, postgres_url, "20"],
-        env={**os.environ, "DONT_FAKE_MONOTONIC": "1"},
+        [sys.executable, "-c", _HOLD_LEASE, postgres_url, "20"],
+        env=dict(os.environ) | faked_clock("-60s"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -107,3 +109,38 @@ def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
         assert not Leadership(sessions, ttl_s=20, owner="standby", name="probe").check()
     finally:
         engine.dispose()
+
+
+def test_a_worker_a_minute_behind_stamps_what_it_writes_by_the_databases_clock(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given a worker on a machine whose clock is 60 s behind the database server's, where other machines
+    # judge its heartbeats and claims (such a worker showed `stale 60s ago` in `detq workers` while it ran
+    # batches, and was closed as lost)
+    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
+    deployment.run("db", "upgrade")
+    images = tmp_path / "images"
+    write_dataset(images, 8, seed=7)
+    skewed = [sys.executable, str(WRAPPER)]  # sleeps around libfaketime's bug
+    with running_worker(deployment, concurrency=2, command=skewed, env=faked_clock("-60s")) as worker:
+        # When it runs a job
+        done = deployment.run_json("enqueue", str(images), "--wait", "--timeout", "120")
+        fleet = deployment.run_json("workers")
+        said = worker.log()
+        server_now = _server_now(postgres_url)
+        engine = make_engine(postgres_url)
+        try:
+            with make_session_factory(engine)() as session:
+                seen = [as_utc(t) for t in session.scalars(select(WorkerRecord.last_seen_at))]
+                claimed = [as_utc(t) for t in session.scalars(select(Image.claimed_at)) if t is not None]
+                finished = [as_utc(t) for t in session.scalars(select(Image.finished_at)) if t is not None]
+        finally:
+            engine.dispose()
+    # Then it started, saying how far off its clock is, and did the job
+    assert "detq worker: this machine's clock is 60." in said and "corrected to the server's" in said
+    assert done["done"] == 8
+    # And every time it wrote is the server's (within the test's few seconds), none a minute early
+    assert len(seen) == 3 and len(finished) == 8
+    for stamp in [*seen, *claimed, *finished]:
+        assert 0 <= (server_now - stamp).total_seconds() < 30
+    assert [w["state"] for w in fleet] == ["alive"] * 3

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,16 +46,16 @@ def configure(
 
 @contextmanager
 def running_scheduler(
-    deployment: Deployment, name: str = "s", prefix: Sequence[str] = ()
+    deployment: Deployment, name: str = "s", env: Mapping[str, str] | None = None
 ) -> Iterator[WorkerHandle]:
     """`detq scheduler` under a wrapper that fails any import of torch and records it in a mark file;
-    prefix runs it under another command (faketime)."""
+    env: added to the deployment's."""
     log_path = deployment.data_dir / f"scheduler-{name}-{time.monotonic_ns()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = deployment.env() | {"DETQ_TEST_TORCH_MARK": str(torch_mark(deployment))}
+    env = deployment.env() | dict(env or {}) | {"DETQ_TEST_TORCH_MARK": str(torch_mark(deployment))}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*prefix, sys.executable, str(WRAPPER), "scheduler", "--loglevel", "INFO"],
+            [sys.executable, str(WRAPPER), "scheduler", "--loglevel", "INFO"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -243,9 +243,7 @@ def test_a_scheduler_a_minute_behind_fires_by_the_databases_clock(
     images = tmp_path / "images"
     write_dataset(images, 2, seed=3)
     configure(deployment, tmp_path, images, "*/5 * * * * *")
-    # faketime shifts the wall clock only; the wrapper sleeps around libfaketime's bug with that
-    deployment.extra.update({"DONT_FAKE_MONOTONIC": "1", "DETQ_TEST_FAKED_CLOCK": "1"})
-    with running_scheduler(deployment, prefix=faked_clock("-60s")) as scheduler:
+    with running_scheduler(deployment, env=faked_clock("-60s")) as scheduler:
         # When it makes its first run
         run = wait_for_run(deployment, after=0)
         seen_at = datetime.now(UTC)  # this machine's clock, the server's here

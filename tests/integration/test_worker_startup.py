@@ -13,7 +13,7 @@ import pytest
 
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
-from tests.integration.harness import DETQ, LOADED_MARK, Deployment, faked_clock, running_worker
+from tests.integration.harness import LOADED_MARK, Deployment, running_worker
 from tests.support import retag_archive_device
 
 pytestmark = pytest.mark.integration
@@ -118,27 +118,3 @@ def test_producer_commands_never_import_torch(embedded: Deployment, tmp_path: Pa
         [sys.executable, "-c", script], env=embedded.env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-
-
-def test_a_worker_whose_clock_is_a_minute_behind_the_databases_refuses_to_start(
-    postgres_url: str, redis_url: str, tmp_path: Path
-) -> None:
-    # Given a machine whose clock is 60 s behind the database server's (libfaketime; the monotonic clock
-    # left alone), where other machines would judge its heartbeats by their own clocks
-    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
-    deployment.run("db", "upgrade")
-    env = {**deployment.env(), "DONT_FAKE_MONOTONIC": "1"}
-    # When a worker starts there
-    done = subprocess.run(
-        [*faked_clock("-60s"), *DETQ, "worker", "--pool", "cpu", "--concurrency", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    # Then it stops at start (exit 3) saying how far off its clock is and what to do, in one line
-    assert done.returncode == 3, done.stderr
-    (line,) = [text for text in done.stderr.strip().splitlines() if text.startswith("detq worker:")]
-    assert line.startswith("detq worker: this machine's clock is 60.") and "behind the database" in line
-    assert "NTP" in line

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.jobs_repo import PRODUCER_GONE_REASON, cancel_job, close_enqueue
+from db.enqueue_repo import PRODUCER_GONE_REASON, close_enqueue
+from db.jobs_repo import cancel_job
 from db.models import Image, Job, utcnow
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
@@ -23,33 +24,13 @@ MODEL = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detect
 def test_a_job_closed_mid_enqueue_gets_no_chunk_after_the_close(
     factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    # Given a folder of two and a half chunks of files
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    for n in range(INSERT_CHUNK * 5 // 2):
-        (folder / f"{n:05d}.jpg").write_bytes(b"\xff\xd8 not decoded by enqueue")
-    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
-    app = make_celery_app(settings)
+    # Given a folder of two and a half chunks of files, whose job is closed (by a reconciler that took
+    # its producer for a dead one) as soon as its first chunk is recorded and sent
+    def reconciler(session: Session, job_id: int) -> None:
+        close_enqueue(session, job_id, PRODUCER_GONE_REASON, utcnow())
 
-    def close_after_the_first_chunk(images: int, batches: int) -> None:
-        with factory() as session, session.begin():
-            job_id = session.scalars(select(Job.id)).one()
-            close_enqueue(session, job_id, PRODUCER_GONE_REASON, utcnow())
-
-    # When the job is closed as soon as its first chunk is recorded and sent
-    try:
-        with pytest.raises(EnqueueError) as closed:
-            enqueue_folders(
-                factory,
-                app,
-                roots=[folder],
-                model_path=MODEL,
-                pool=Pool.CPU,
-                batch_size=8,
-                on_progress=close_after_the_first_chunk,
-            )
-    finally:
-        app.close()
+    with pytest.raises(EnqueueError) as closed:
+        _enqueue_closed_at_first_chunk(factory, tmp_path, INSERT_CHUNK * 5 // 2, reconciler)
     # Then the producer stops there: the job holds the first chunk's images and its total says so
     with factory() as session:
         job = session.scalars(select(Job)).one()
@@ -63,14 +44,14 @@ def test_a_job_closed_mid_enqueue_gets_no_chunk_after_the_close(
     assert job.enqueued_complete and job.closed_reason == PRODUCER_GONE_REASON
 
 
-def _enqueue_closing_after_the_scan(
-    factory: sessionmaker[Session], tmp_path: Path, close: Callable[[Session, int], object]
+def _enqueue_closed_at_first_chunk(
+    factory: sessionmaker[Session], tmp_path: Path, files: int, close: Callable[[Session, int], object]
 ) -> EnqueueResult:
-    """Enqueue 20 files, the job closed by `close` once its one chunk is recorded and sent."""
+    """Enqueue a folder of files, the job closed by `close` once its first chunk is recorded and sent."""
     folder = tmp_path / "imgs"
     folder.mkdir()
-    for n in range(20):
-        (folder / f"{n:02d}.jpg").write_bytes(b"\xff\xd8 not decoded by enqueue")
+    for n in range(files):
+        (folder / f"{n:05d}.jpg").write_bytes(b"\xff\xd8 not decoded by enqueue")
     app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
     closes = iter([close])
 
@@ -101,7 +82,7 @@ def test_a_producer_closed_as_gone_after_its_last_chunk_takes_the_reason_back(
     def reconciler(session: Session, job_id: int) -> None:
         close_enqueue(session, job_id, PRODUCER_GONE_REASON, utcnow())
 
-    result = _enqueue_closing_after_the_scan(factory, tmp_path, reconciler)
+    result = _enqueue_closed_at_first_chunk(factory, tmp_path, 20, reconciler)
     # Then the enqueue ends well, and the job does not say it was interrupted: it holds every file
     with factory() as session:
         job = session.scalars(select(Job)).one()
@@ -115,7 +96,7 @@ def test_a_job_cancelled_after_its_last_chunk_is_said_to_be(
         cancel_job(session, job_id, utcnow())
 
     with pytest.raises(EnqueueError) as closed:
-        _enqueue_closing_after_the_scan(factory, tmp_path, cancel)
+        _enqueue_closed_at_first_chunk(factory, tmp_path, 20, cancel)
     with factory() as session:
         job = session.scalars(select(Job)).one()
     assert str(closed.value) == (

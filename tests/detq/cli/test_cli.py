@@ -352,7 +352,8 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
 
     from sqlalchemy.orm import Session
 
-    from db.jobs_repo import close_enqueue, finish_enqueue, get_or_create_model
+    from db.enqueue_repo import close_enqueue
+    from db.jobs_repo import finish_enqueue, get_or_create_model
     from db.ledger import ledger
     from db.schedules_repo import RunKey, claim_run
 
