@@ -19,7 +19,7 @@ WARN_OFFSET_S = 2.0  # a skew NTP would not leave: said in the log
 
 
 def local_now() -> datetime:
-    """This machine's time, as heartbeats carry it."""
+    """This machine's time."""
     return datetime.now(UTC)
 
 
@@ -68,8 +68,10 @@ def offset_words(offset_s: float) -> str:
 
 class LedgerClock:
     """The database server's time read off this machine's clock, corrected by the offset last measured:
-    for a process that acts at given times (the scheduler fires its schedules by it) without a round trip
-    at each reading. Until measured, and on SQLite, it is this machine's clock.
+    for a process that stamps times all along (a worker's heartbeats, claims and finish times) or acts at
+    given times (the scheduler's fire times), without a round trip at each reading; measured again at each
+    heartbeat or lease renewal, so a clock that drifts is followed. Until measured, and on SQLite, it is
+    this machine's clock.
     """
 
     def __init__(self, local: Clock = local_now) -> None:
