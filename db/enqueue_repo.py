@@ -32,6 +32,12 @@ def lock_open_enqueue(session: Session, job_id: int) -> bool:
     return session.scalar(query) is not None
 
 
+def open_enqueue(session: Session, job_id: int, now: datetime) -> None:
+    """A new job's first moment, by the clock liveness is judged by (db.clock.ledger_now): created then,
+    and its producer seen then (its row's default is the creating machine's clock)."""
+    session.execute(update(Job).where(Job.id == job_id).values(created_at=now, enqueue_seen_at=now))
+
+
 def touch_enqueue(session: Session, job_id: int, now: datetime) -> bool:
     """The producer is still scanning this job; False if the job was closed meanwhile (it must stop)."""
     outcome = cast(

@@ -39,9 +39,10 @@ def create_job(session: Session, *, model_id: int, roots: list[str], pool: str, 
     return job
 
 
-def finish_enqueue(session: Session, job_id: int, total: int) -> None:
-    """Mark the job fully enqueued with total images; finishes it at once if workers already did them all."""
-    now = utcnow()
+def finish_enqueue(session: Session, job_id: int, total: int, now: datetime | None = None) -> None:
+    """Mark the job fully enqueued with total images, at now (this machine's clock by default); finishes
+    it at once if workers already did them all."""
+    now = now or utcnow()
     session.execute(
         update(Job).where(Job.id == job_id).values(total=total, enqueued_complete=True, enqueued_at=now)
     )

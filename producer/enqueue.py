@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from celery import Celery
@@ -17,7 +16,6 @@ from db.clock import ledger_now
 from db.enqueue_repo import lock_open_enqueue, take_back_producer_gone
 from db.images_repo import abandon_enqueue
 from db.jobs_repo import finish_enqueue, get_job, set_unreadable_folders
-from db.models import utcnow
 from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, set_run_counts
 from detq.contract import check_batch_size, queue_for_pool
@@ -163,7 +161,7 @@ def enqueue_folders(
             sent: list[int] = []  # batches whose messages are out, marked in the next transaction
             for chunk in chunks:
                 with factory() as session, session.begin():
-                    mark_sent(session, sent, utcnow())
+                    mark_sent(session, sent, ledger_now(session))
                     # Kept open until this chunk commits: a reconciler that took this producer for a dead
                     # one, or `detq cancel`, counts the chunk or comes first and keeps it out.
                     still_open = lock_open_enqueue(session, job_id)
@@ -186,11 +184,14 @@ def enqueue_folders(
             sent += sender.finish()
         except BROKER_ERRORS as exc:
             reason = f"not queued: the broker became unreachable during enqueue ({broker_error_reason(exc)})"
-            in_transaction(factory, partial(abandon_enqueue, job_id=job_id, reason=reason, now=utcnow()))
+            in_transaction(
+                factory, lambda s: abandon_enqueue(s, job_id=job_id, reason=reason, now=ledger_now(s))
+            )
             raise EnqueueError(f"job {job_id} closed, its images failed: {reason}") from None
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
-        mark_sent(session, sent, utcnow())
+        now = ledger_now(session)  # the job's times are the ledger's, as `detq status` reads them
+        mark_sent(session, sent, now)
         # Closed since its last chunk? By a reconciler that took this producer, stalled past the timeout,
         # for a dead one: its close counted every file, and its reason is taken back. By `detq cancel`:
         # said below.
@@ -200,7 +201,7 @@ def enqueue_folders(
         if notes.unreadable_count:
             set_unreadable_folders(session, job_id, notes.unreadable_count, notes.unreadable)
         if finished:
-            finish_enqueue(session, job_id, recorded)
+            finish_enqueue(session, job_id, recorded, now)
     if not finished:
         raise _closed_under_it(factory, job_id, recorded, scanned=True)
     if on_progress is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.clock import ledger_now
-from db.enqueue_repo import touch_enqueue
+from db.enqueue_repo import open_enqueue
 from db.jobs_repo import create_job, get_or_create_model
 from db.schedules_repo import RunKey, claim_run
 from detq.vocabulary import Pool
@@ -45,6 +45,6 @@ def create_enqueue_job(
                     f"{run_key.schedule_name} at {run_key.scheduled_for} already has a job"
                 )
             job_id = claimed
-        # Alive by the clock the reconciler judges it by (created_at is this machine's).
-        touch_enqueue(session, job_id, ledger_now(session))
+        # Made and alive by the clock the reconciler judges it by, and `detq status` times it by.
+        open_enqueue(session, job_id, ledger_now(session))
         return job_id, model.id

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from db.clock import ledger_now
 from db.job_counts_repo import JobCounts, job_snapshot
 from db.jobs_repo import CANCELLED_REASON
 from db.models import Job, as_utc
@@ -87,7 +87,8 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
         raise JobNotFound(f"no job {job_id}")
     job, counts = snapshot.job, snapshot.counts
     created = as_utc(job.created_at)
-    end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
+    # A job's times are the ledger's (the server's clock on PostgreSQL), whatever this machine's says.
+    end = as_utc(job.finished_at) if job.finished_at else ledger_now(session)
     started = as_utc(job.started_at) if job.started_at else None
     return JobStatus(
         job_id=job.id,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.enqueue_repo import close_enqueue
+from db.clock import ledger_now
+from db.enqueue_repo import close_enqueue, open_enqueue
 from db.jobs_repo import get_or_create_model, latest_model_at
-from db.models import ModelRecord, utcnow
+from db.models import ModelRecord
 from db.retry import in_transaction
 from db.schedules_repo import RunKey, claim_run
 from detq.modelfile import file_sha256, read_embedded_meta
@@ -56,7 +57,9 @@ def record_unqueued_run(
         )
         if job_id is None:
             return True, None
-        close_enqueue(session, job_id, reason, utcnow())
+        now = ledger_now(session)
+        open_enqueue(session, job_id, now)  # made and closed by the ledger's clock
+        close_enqueue(session, job_id, reason, now)
         return False, job_id
 
     claimed_before, job_id = in_transaction(factory, record)

@@ -6,9 +6,9 @@ import sys
 
 import click
 
+from db.clock import ledger_now
 from db.jobs_repo import cancel_job, delete_job, get_job
 from db.ledger import ledger
-from db.models import utcnow
 from detq.cli.base import DetqCommand, examples, load_settings
 from detq.cli.output import print_json
 from detq.errors import DetqError
@@ -29,7 +29,7 @@ def cancel(job: int, as_json: bool) -> None:
     with ledger(load_settings()) as led, led.sessions() as session, session.begin():
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
-        cancelled = cancel_job(session, job, utcnow())
+        cancelled = cancel_job(session, job, ledger_now(session))
     if as_json:
         print_json({"job_id": job, "cancelled": cancelled})
     else:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from db.clock import ledger_now
 from db.job_counts_repo import job_counts
 from db.models import Job, as_utc
 from db.schedules_repo import list_runs
@@ -52,7 +52,7 @@ class RunSummary:
 def summarize_run(session: Session, job: Job) -> RunSummary:
     """The summary of one scheduled run's job."""
     counts = job_counts(session, job.id)
-    end = as_utc(job.finished_at) if job.finished_at else datetime.now(UTC)
+    end = as_utc(job.finished_at) if job.finished_at else ledger_now(session)
     return RunSummary(
         job_id=job.id,
         schedule=job.schedule_name or "",

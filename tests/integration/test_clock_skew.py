@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from db.engine import make_engine, make_session_factory
-from db.models import Image, Job, SchedulerLease, WorkerRecord, as_utc
+from db.models import Batch, Image, Job, SchedulerLease, WorkerRecord, as_utc
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
 from dispatch.leadership import Leadership
@@ -71,13 +71,17 @@ def test_a_producer_a_minute_behind_stamps_its_enqueue_by_the_databases_clock(
     try:
         with make_session_factory(engine)() as session:
             job = session.scalars(select(Job)).one()
+            batch_made = as_utc(session.scalars(select(Batch.created_at)).first())
     finally:
         engine.dispose()
-    # Then its job's row was made by the skewed clock (the check that faketime took) ...
-    assert 55 < (server_now - as_utc(job.created_at)).total_seconds() < 90
-    # ... while the stamp that says its producer is alive is the server's, as the reconciler's judgement
-    assert job.enqueue_seen_at is not None
-    assert 0 <= (server_now - as_utc(job.enqueue_seen_at)).total_seconds() < 30
+    # Then what it stamps for itself carries its skewed clock (the check that faketime took) ...
+    assert 55 < (server_now - batch_made).total_seconds() < 90
+    # ... while the stamp that says its producer is alive is the server's, as the reconciler's judgement,
+    # and so are the job's own times
+    for stamp in (job.enqueue_seen_at, job.created_at, job.enqueued_at):
+        assert stamp is not None and 0 <= (server_now - as_utc(stamp)).total_seconds() < 30
+    # And `detq status` on a machine with the right clock times the job by them (it read 61 s old)
+    assert deployment.run_json("status", str(job.id))["elapsed_s"] < 30
 
 
 def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
