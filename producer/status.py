@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -79,7 +80,9 @@ def job_state(job: Job, counts: JobCounts) -> JobState:
     return JobState.RUNNING if counts.done + counts.failed + counts.rejected > 0 else JobState.QUEUED
 
 
-def job_status(session: Session, job_id: int, *, detections: bool = True) -> JobStatus:
+def job_status(
+    session: Session, job_id: int, *, detections: bool = True, now: datetime | None = None
+) -> JobStatus:
     """Counts by status and the derived state of one job (detections=False: its detections not counted,
     0, for a progress poll)."""
     snapshot = job_snapshot(session, job_id, detections=detections)
@@ -88,7 +91,8 @@ def job_status(session: Session, job_id: int, *, detections: bool = True) -> Job
     job, counts = snapshot.job, snapshot.counts
     created = as_utc(job.created_at)
     # A job's times are the ledger's (the server's clock on PostgreSQL), whatever this machine's says.
-    end = as_utc(job.finished_at) if job.finished_at else ledger_now(session)
+    # (now: read once by a caller that lists many jobs).
+    end = as_utc(job.finished_at) if job.finished_at else now or ledger_now(session)
     started = as_utc(job.started_at) if job.started_at else None
     return JobStatus(
         job_id=job.id,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from db.clock import ledger_now
 from db.job_counts_repo import job_counts
 from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
@@ -196,7 +197,8 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     with ledger(load_settings()) as led, led.reads() as session:
         listed = list_jobs(session, limit, hide_empty_runs=not show_all)
         # The table shows no detection counts: only --json pays for them (a join over each job's boxes).
-        statuses = [job_status(session, job.id, detections=as_json) for job in listed]
+        now = ledger_now(session)  # one reading of the ledger's clock for every job listed
+        statuses = [job_status(session, job.id, detections=as_json, now=now) for job in listed]
     if as_json:
         print_json([s.as_dict() for s in statuses])
         return

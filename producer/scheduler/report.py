@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -49,10 +50,10 @@ class RunSummary:
         return "nothing new" if self.nothing_new else self.state.value
 
 
-def summarize_run(session: Session, job: Job) -> RunSummary:
-    """The summary of one scheduled run's job."""
+def summarize_run(session: Session, job: Job, now: datetime) -> RunSummary:
+    """The summary of one scheduled run's job; now: the ledger's time (db.clock.ledger_now)."""
     counts = job_counts(session, job.id)
-    end = as_utc(job.finished_at) if job.finished_at else ledger_now(session)
+    end = as_utc(job.finished_at) if job.finished_at else now
     return RunSummary(
         job_id=job.id,
         schedule=job.schedule_name or "",
@@ -76,4 +77,5 @@ def summarize_run(session: Session, job: Job) -> RunSummary:
 
 def run_summaries(session: Session, schedule_name: str | None = None, limit: int = 20) -> list[RunSummary]:
     """The newest scheduled runs first, of one schedule or of all."""
-    return [summarize_run(session, job) for job in list_runs(session, schedule_name, limit)]
+    now = ledger_now(session)
+    return [summarize_run(session, job, now) for job in list_runs(session, schedule_name, limit)]

@@ -14,12 +14,21 @@ from tests.integration.servers import ThrowawayPgBouncer, ThrowawayTlsRedis
 @pytest.fixture(params=["embedded", "redis+postgres"])
 def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Deployment:
     """A fresh detq deployment of each kind, its schema migrated."""
-    data_dir = tmp_path / "data"
     if request.param == "embedded":
-        return Deployment(data_dir=data_dir)
-    database_url = str(request.getfixturevalue("postgres_url"))
-    broker_url = str(request.getfixturevalue("redis_url"))
-    deployed = Deployment(data_dir=data_dir, database_url=database_url, broker_url=broker_url)
+        return Deployment(data_dir=tmp_path / "data")
+    return _scaled_out(
+        tmp_path, str(request.getfixturevalue("postgres_url")), str(request.getfixturevalue("redis_url"))
+    )
+
+
+@pytest.fixture()
+def scaled_out(tmp_path: Path, postgres_url: str, redis_url: str) -> Deployment:
+    """Redis with PostgreSQL only (the database a fleet's machines share), its schema migrated."""
+    return _scaled_out(tmp_path, postgres_url, redis_url)
+
+
+def _scaled_out(tmp_path: Path, database_url: str, broker_url: str) -> Deployment:
+    deployed = Deployment(data_dir=tmp_path / "data", database_url=database_url, broker_url=broker_url)
     deployed.run("db", "upgrade")
     return deployed
 

@@ -17,11 +17,9 @@ from db.models import Batch, Image, Job, SchedulerLease, WorkerRecord, as_utc
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
 from dispatch.leadership import Leadership
-from tests.integration.harness import DETQ, Deployment, faked_clock, running_worker
+from tests.integration.harness import DETQ, WRAPPED_DETQ, Deployment, faked_clock, running_worker
 
 pytestmark = pytest.mark.integration
-
-WRAPPER = Path(__file__).resolve().parent / "no_torch_detq.py"
 
 # A process that takes a lease and prints when it thinks it is (its clock), then exits holding it.
 _HOLD_LEASE = """
@@ -47,13 +45,12 @@ def _server_now(url: str) -> datetime:
 
 
 def test_a_producer_a_minute_behind_stamps_its_enqueue_by_the_databases_clock(
-    postgres_url: str, redis_url: str, tmp_path: Path
+    scaled_out: Deployment, postgres_url: str, tmp_path: Path
 ) -> None:
     # Given a producer machine whose clock is 60 s behind the database server's (the reconciler on
     # another machine closed such a producer's live enqueue as a dead one's: 10,000 of 100,000 files)
-    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
+    deployment = scaled_out
     deployment.model = BUNDLED_MODEL
-    deployment.run("db", "upgrade")
     images = tmp_path / "images"
     write_dataset(images, 4, seed=5)
     # When it enqueues a folder
@@ -116,17 +113,15 @@ def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
 
 
 def test_a_worker_a_minute_behind_stamps_what_it_writes_by_the_databases_clock(
-    postgres_url: str, redis_url: str, tmp_path: Path
+    scaled_out: Deployment, postgres_url: str, tmp_path: Path
 ) -> None:
     # Given a worker on a machine whose clock is 60 s behind the database server's, where other machines
     # judge its heartbeats and claims (such a worker showed `stale 60s ago` in `detq workers` while it ran
     # batches, and was closed as lost)
-    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
-    deployment.run("db", "upgrade")
+    deployment = scaled_out
     images = tmp_path / "images"
     write_dataset(images, 8, seed=7)
-    skewed = [sys.executable, str(WRAPPER)]  # sleeps around libfaketime's bug
-    with running_worker(deployment, concurrency=2, command=skewed, env=faked_clock("-60s")) as worker:
+    with running_worker(deployment, concurrency=2, command=WRAPPED_DETQ, env=faked_clock("-60s")) as worker:
         # When it runs a job
         done = deployment.run_json("enqueue", str(images), "--wait", "--timeout", "120")
         fleet = deployment.run_json("workers")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,11 +18,17 @@ from db.engine import make_engine, make_session_factory
 from db.export_repo import iter_ledger
 from demo.shapes import write_dataset
 from producer.scheduler.report import RunSummary, run_summaries
-from tests.integration.harness import Deployment, WorkerHandle, faked_clock, running_worker, stop_worker
+from tests.integration.harness import (
+    WRAPPED_DETQ,
+    Deployment,
+    WorkerHandle,
+    faked_clock,
+    running_worker,
+    stop_worker,
+)
 
 pytestmark = pytest.mark.integration
 
-WRAPPER = Path(__file__).resolve().parent / "no_torch_detq.py"
 ACTIVE_MARK = "detq scheduler: active"
 STANDBY_MARK = "detq scheduler: standby"
 SENT_MARK = "sent to the control queue"
@@ -55,7 +60,7 @@ def running_scheduler(
     env = deployment.env() | dict(env or {}) | {"DETQ_TEST_TORCH_MARK": str(torch_mark(deployment))}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, str(WRAPPER), "scheduler", "--loglevel", "INFO"],
+            [*WRAPPED_DETQ, "scheduler", "--loglevel", "INFO"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -235,11 +240,10 @@ def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
 
 
 def test_a_scheduler_a_minute_behind_fires_by_the_databases_clock(
-    postgres_url: str, redis_url: str, tmp_path: Path
+    scaled_out: Deployment, tmp_path: Path
 ) -> None:
     # Given a scheduler whose machine's clock is 60 s behind the database server's, a schedule every 5 s
-    deployment = Deployment(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
-    deployment.run("db", "upgrade")
+    deployment = scaled_out
     images = tmp_path / "images"
     write_dataset(images, 2, seed=3)
     configure(deployment, tmp_path, images, "*/5 * * * * *")
