@@ -102,10 +102,14 @@ def test_ssdlite_in_channels_last_finds_the_same_boxes_on_a_photo(tmp_path: Path
     as_saved = load_model_for_device(path, "cpu", micro_batch=4, channels_last=False)
     relaid = load_model_for_device(path, "cpu", micro_batch=4)
     assert _layouts(as_saved.module) == {False}
-    if not calibrated:  # its outputs cannot move: the layout is kept
-        assert any(n.startswith("channels_last: the same outputs (") for n in relaid.notes), relaid.notes
-    if any(n.startswith("channels_last: would change the outputs") for n in relaid.notes):
-        # Then where the layout moved its outputs on the probes (the calibrated one here), it runs as saved
+    if not calibrated:  # its outputs cannot move: they are found the same
+        assert any(n.startswith("channels_last: the same outputs") for n in relaid.notes), relaid.notes
+    # Whether the same outputs are also faster is timed on this machine, now (a busy CI machine found
+    # channels_last slower): the choice by timing is tested on a given clock above.
+    left = ("channels_last: would change the outputs", "channels_last: the same outputs but slower")
+    if any(n.startswith(left) for n in relaid.notes):
+        # Then where the layout moved its outputs on the probes (the calibrated one here), or was slower,
+        # it runs as saved
         assert _layouts(relaid.module) == {False}
         return
     # Then where the layout was kept, on photos that are not the probes, at a batch of three, its
