@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/train_demo_model.py            # defaults: seed 7, 1000 steps (~10 min, 2 cores)
     .venv/bin/python scripts/train_demo_model.py --steps 200 --out /tmp/quick.pt
+    .venv/bin/python scripts/train_demo_model.py --rescript worker/assets/demo_detector.pt  # no training
 
 The saved module follows the model contract the worker relies on: forward(List[Tensor CHW float RGB in
 [0, 1], any size]) -> List[Dict["boxes" float32 [N, 4] x1 y1 x2 y2 in that input's pixels, "labels" int64
@@ -9,6 +10,11 @@ The saved module follows the model contract the worker relies on: forward(List[T
 Training data is drawn on the fly from demo.shapes.render_scene and the learning-rate schedule
 depends on the step count only, so a run that finishes its --steps is deterministic for a seed and thread
 count. --minutes is a safety cap: reaching it stops training early (not fully annealed) and says so.
+
+The saved code calls its resizing operators directly rather than F.interpolate: TorchScript saves the body
+of every function a module calls, and F.interpolate's names every mode of the torch that saved it (torch
+2.14's, a lanczos operator older releases lack), so a file saved with a new torch would not load on an
+older one. --rescript FILE saves a file's weights and metadata again with this code, without training.
 """
 
 from __future__ import annotations
@@ -94,10 +100,21 @@ class ShapesNet(nn.Module):
         c16 = self.down16(c8)
         c32 = self.down32(c16)
         p = self.lat32(c32)
-        p = self.merge16(F.interpolate(p, size=c16.shape[-2:], mode="nearest") + self.lat16(c16))
-        p = self.merge8(F.interpolate(p, size=c8.shape[-2:], mode="nearest") + self.lat8(c8))
-        p = self.merge4(F.interpolate(p, size=c4.shape[-2:], mode="nearest") + self.lat4(c4))
+        p = self.merge16(upsample_nearest(p, list(c16.shape[-2:])) + self.lat16(c16))
+        p = self.merge8(upsample_nearest(p, list(c8.shape[-2:])) + self.lat8(c8))
+        p = self.merge4(upsample_nearest(p, list(c4.shape[-2:])) + self.lat4(c4))
         return self.heat_head(p), self.box_head(p)
+
+
+def upsample_nearest(x: Tensor, size: list[int]) -> Tensor:
+    """F.interpolate(x, size=size, mode="nearest"), as the one operator it runs (see the docstring)."""
+    return torch.ops.aten.upsample_nearest2d(x, size, None, None)
+
+
+def resize_antialiased(x: Tensor, size: list[int]) -> Tensor:
+    """F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True), as the one
+    operator it runs (see the docstring)."""
+    return torch.ops.aten._upsample_bilinear2d_aa(x, size, False, None, None)
 
 
 def preprocess(image: Tensor, size: int) -> Tensor:
@@ -108,7 +125,7 @@ def preprocess(image: Tensor, size: int) -> Tensor:
     elif x.shape[1] > 3:
         x = x[:, :3]
     if x.shape[-2] != size or x.shape[-1] != size:
-        x = F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False, antialias=True)
+        x = resize_antialiased(x, [size, size])
     return x
 
 
@@ -292,6 +309,26 @@ def quick_eval(model: nn.Module, count: int, seed: int, threshold: float) -> str
     return f"mAP@0.5={mean_ap:.3f} ({classes}) P={precision:.3f} R={recall:.3f} @ {threshold}"
 
 
+def save(detector: DemoDetector, meta: dict[str, object], out: Path) -> None:
+    """Script the detector and save it with its detq.json."""
+    scripted = torch.jit.script(detector)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(scripted, str(out), _extra_files={"detq.json": json.dumps(meta)})
+    size = out.stat().st_size
+    print(f"saved {out} ({size / 1e6:.2f} MB, {size} bytes)")
+
+
+def rescript(source: Path, out: Path) -> None:
+    """Save a trained file's weights and detq.json again, scripted from this file's code."""
+    extra = {"detq.json": ""}
+    trained = torch.jit.load(str(source), map_location="cpu", _extra_files=extra)
+    net = ShapesNet(len(CLASSES)).eval()
+    fuse_conv_bn(net)  # the trained file's layout: each BatchNorm folded into its convolution
+    detector = DemoDetector(net).eval()
+    detector.load_state_dict(trained.state_dict())
+    save(detector, json.loads(extra["detq.json"]), out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the TorchScript file")
@@ -304,7 +341,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score-threshold", type=float, default=0.3, help="stored in detq.json")
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--val-count", type=int, default=100, help="held-out scenes for a final check")
+    parser.add_argument(
+        "--rescript",
+        type=Path,
+        help="save this file's weights and detq.json again with this code; no training",
+    )
     args = parser.parse_args(argv)
+    if args.rescript is not None:
+        rescript(args.rescript, args.out)
+        return 0
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -364,7 +409,6 @@ def main(argv: list[str] | None = None) -> int:
     net = net.to(memory_format=torch.contiguous_format)
     fuse_conv_bn(net)
     detector = DemoDetector(net).eval()
-    scripted = torch.jit.script(detector)
     meta = {
         "name": "detq-demo-shapes",
         "format": "torchvision",
@@ -374,10 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "trained_with": "scripts/train_demo_model.py",
         "seed": args.seed,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.jit.save(scripted, str(args.out), _extra_files={"detq.json": json.dumps(meta)})
-    size = args.out.stat().st_size
-    print(f"saved {args.out} ({size / 1e6:.2f} MB, {size} bytes)")
+    save(detector, meta, args.out)
 
     if args.val_count > 0:
         loaded = torch.jit.load(str(args.out), map_location="cpu")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
 import warnings
+import zipfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -86,3 +90,46 @@ def test_empty_list_and_grayscale_input(loaded: tuple[Any, dict[str, Any]]) -> N
         gray, _ = scene(3, 200, 150)
         (output,) = module([gray.mean(dim=0, keepdim=True)])
     assert output["boxes"].shape[1] == 4
+
+
+def test_the_saved_code_carries_no_resize_function_body_of_the_torch_that_saved_it() -> None:
+    # TorchScript saves the body of each Python function a module calls: F.interpolate's names every
+    # resize mode of its release (torch 2.14's a lanczos operator), and torch 2.11 refused the file
+    # saved with it ("Unknown builtin op: aten::_upsample_lanczos2d_aa").
+    with zipfile.ZipFile(MODEL) as archive:
+        code = {name: archive.read(name) for name in archive.namelist() if name.endswith(".py")}
+    assert code, "a TorchScript archive holds its code as .py files"
+    assert not [name for name, text in code.items() if b"interpolate" in text or b"lanczos" in text]
+
+
+def test_rescripting_the_trained_weights_keeps_every_output(
+    loaded: tuple[Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    module, meta = loaded
+    # Given the bundled file saved again by the training script's --rescript (its weights, this code)
+    training = _training_script()
+    out = tmp_path / "again.pt"
+    training.rescript(MODEL, out)
+    extra: dict[str, Any] = {"detq.json": ""}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        again = torch.jit.load(str(out), map_location="cpu", _extra_files=extra)
+    # Then it has the same metadata and gives the same boxes, labels and scores, bit for bit
+    assert json.loads(extra["detq.json"]) == meta
+    images = [
+        scene(seed, width, height)[0] for seed, width, height in ((4, 320, 240), (5, 97, 131), (6, 800, 450))
+    ]
+    with torch.inference_mode():
+        for ours, theirs in zip(module(images), again(images), strict=True):
+            assert ours["boxes"].shape[0] > 0
+            assert all(torch.equal(ours[key], theirs[key]) for key in ("boxes", "labels", "scores"))
+
+
+def _training_script() -> ModuleType:
+    path = MODEL.parents[2] / "scripts" / "train_demo_model.py"
+    spec = importlib.util.spec_from_file_location("train_demo_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
