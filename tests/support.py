@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import warnings
 import zipfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from PIL import Image
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py imported as a module, as its tests call its functions (registered in sys.modules:
+    the dataclasses of a module look it up there)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def save_fixed_box_model(

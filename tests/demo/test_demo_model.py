@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 import warnings
 import zipfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -18,6 +15,7 @@ import torch
 
 from demo.metrics import PredictedBox, precision_recall
 from demo.shapes import CLASSES, render_scene
+from tests.support import load_script
 
 MODEL = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
 
@@ -107,7 +105,7 @@ def test_rescripting_the_trained_weights_keeps_every_output(
 ) -> None:
     module, meta = loaded
     # Given the bundled file saved again by the training script's --rescript (its weights, this code)
-    training = _training_script()
+    training = load_script("train_demo_model")
     out = tmp_path / "again.pt"
     training.rescript(MODEL, out)
     extra: dict[str, Any] = {"detq.json": ""}
@@ -123,13 +121,3 @@ def test_rescripting_the_trained_weights_keeps_every_output(
         for ours, theirs in zip(module(images), again(images), strict=True):
             assert ours["boxes"].shape[0] > 0
             assert all(torch.equal(ours[key], theirs[key]) for key in ("boxes", "labels", "scores"))
-
-
-def _training_script() -> ModuleType:
-    path = MODEL.parents[2] / "scripts" / "train_demo_model.py"
-    spec = importlib.util.spec_from_file_location("train_demo_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module

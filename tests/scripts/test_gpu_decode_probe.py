@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_decode_probe.py"
+from tests.support import SCRIPTS, load_script
 
-
-def _probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_decode_probe", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = SCRIPTS / "gpu_decode_probe.py"
 
 
 def test_the_gap_between_two_decodes_counts_each_differing_channel_value() -> None:
-    probe = _probe()
+    probe = load_script("gpu_decode_probe")
     # Given a 4 x 5 decode and another whose one red value is 3 higher and one blue value 1 lower
     ours = np.full((4, 5, 3), 100, dtype=np.uint8)
     theirs = ours.copy()
@@ -42,7 +32,7 @@ def test_the_gap_between_two_decodes_counts_each_differing_channel_value() -> No
 
 
 def test_decodes_of_another_size_are_refused_and_gaps_summarised_over_photos() -> None:
-    probe = _probe()
+    probe = load_script("gpu_decode_probe")
     with pytest.raises(ValueError, match="decoded to"):
         probe.pixel_gap(np.zeros((4, 5, 3), np.uint8), np.zeros((5, 4, 3), np.uint8))
     same = probe.PixelGap(0, 0.0, 1.0)

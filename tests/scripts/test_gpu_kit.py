@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_kit.py"
-
-
-def _kit() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_kit", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.support import load_script
 
 
 def test_the_kit_carries_detqs_own_dependencies_at_their_installed_versions_and_not_torchs() -> None:
-    kit = _kit()
+    kit = load_script("gpu_kit")
     # Given the dependencies of detq with its worker extra, as installed here, for the device's Python
     needed = kit.closure("detq", frozenset({"worker"}), "3.12.3")
     # Then they reach through the extra and down the tree (torch, Celery's own, SQLAlchemy's migrations)
@@ -49,6 +36,6 @@ def test_the_kit_carries_detqs_own_dependencies_at_their_installed_versions_and_
 
 
 def test_names_compare_as_pip_compares_them() -> None:
-    kit = _kit()
+    kit = load_script("gpu_kit")
     assert kit.normalize("Typing_Extensions") == kit.normalize("typing.extensions") == "typing-extensions"
     assert kit.normalize("pydantic_core") == "pydantic-core"

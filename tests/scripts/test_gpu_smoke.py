@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -13,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import SCRIPTS, load_script
+
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"
+SCRIPT = SCRIPTS / "gpu_smoke.py"
 
 
 def test_the_gpu_smoke_script_rehearsed_on_cpu_passes_and_reports_every_figure(tmp_path: Path) -> None:
@@ -50,10 +51,7 @@ def test_the_gpu_smoke_script_rehearsed_on_cpu_passes_and_reports_every_figure(t
 
 
 def test_nvidia_smi_samples_are_read_with_their_time_and_averaged_from_a_moment_on() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
+    smoke = load_script("gpu_smoke")
     # Given two GPUs sampled twice, 200 ms apart (nvidia-smi's local time), a blank line, a timestamp in
     # another format and a GPU reporting no utilisation (both left out)
     text = (
