@@ -40,6 +40,20 @@ class ModelLoadError(RuntimeError):
     """The model could not be loaded or failed its warm-up on this device."""
 
 
+def _why(error: Exception) -> str:
+    """Why a model file did not load, for a log line and each image's reason: an operator this torch
+    lacks in one line with what to do (TorchScript's excerpt of the code stays on the error's __cause__),
+    else the error's text."""
+    text = str(error).strip() or type(error).__name__
+    first = text.splitlines()[0]
+    if not first.startswith("Unknown builtin op"):
+        return text
+    return (
+        f"{first} (this worker runs torch {torch.__version__}: a model scripted with a newer torch can call "
+        "operators an older one lacks; script it with the oldest torch the workers run, docs/models.md)"
+    )
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready for inference on one device, with the adapter of its output format."""
@@ -171,7 +185,7 @@ def load_model_for_device(
             repaired = rewrite_device_constants(module, target)
     except Exception as exc:
         what = "torch.export program" if kind == "export" else "TorchScript"
-        raise ModelLoadError(f"cannot load {path} as {what} on {target}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {path} as {what} on {target}: {_why(exc)}") from exc
     if repaired:
         log.warning("detq: %s had device constants baked into its graph; rewrote %s", path.name, repaired)
     meta = resolve_meta(path, extra, overrides or MetaOverrides())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,29 @@ def test_not_a_model_fails_with_a_clear_message(tmp_path: Path) -> None:
     junk.write_bytes(b"not a zip")
     with pytest.raises(ModelLoadError, match="cannot load .* as TorchScript"):
         load_model_for_device(junk, "cpu")
+
+
+def test_an_operator_this_torch_lacks_is_named_in_one_line_with_what_to_do(tmp_path: Path) -> None:
+    # Given a scripted model whose saved code calls an operator this torch does not have, as a model
+    # scripted with a newer torch does on an older worker
+    saved = save_fixed_box_model(tmp_path / "fixed.pt")
+    newer = tmp_path / "newer.pt"
+    with zipfile.ZipFile(saved) as zin, zipfile.ZipFile(newer, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith(".py"):
+                data = data.replace(b"torch.unsqueeze(", b"torch._detq_operator_of_a_later_torch(")
+            zout.writestr(info, data)
+    # When it is loaded
+    with pytest.raises(ModelLoadError) as raised:
+        load_model_for_device(newer, "cpu")
+    # Then the reason is one line: the operator, this torch's version and the way out
+    reason = str(raised.value)
+    assert "\n" not in reason
+    assert "Unknown builtin op: aten::_detq_operator_of_a_later_torch" in reason
+    assert f"this worker runs torch {torch.__version__}" in reason and "docs/models.md" in reason
+    # And TorchScript's own text, with its excerpt of the saved code, stays on the error's cause
+    assert "_detq_operator_of_a_later_torch" in str(raised.value.__cause__).split("\n", 1)[1]
 
 
 def test_missing_model_file(tmp_path: Path) -> None:
