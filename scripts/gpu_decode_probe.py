@@ -1,8 +1,8 @@
 """JPEG decode on a GPU (nvJPEG, through torchvision.io.decode_jpeg) against the GPU pool's own path (detq's
-exact CPU decode on its decode threads, then the pixels to the device), on the bench's photos: images/s of
-each, and how far nvJPEG's pixels are from the exact ones. One run where a GPU is lent says whether GPU
-decode wins there, and whether it could be the default (the same pixels) or only an opt-in (issue 10).
-Not part of `make test`:
+exact CPU decode on its decode threads, then the pixels to the device), on the bench's photos, each
+reading the files itself: images/s of each, and how far nvJPEG's pixels are from the exact ones. One run
+where a GPU is lent says whether GPU decode wins there, and whether it could be the default (the same
+pixels) or only an opt-in (issue 10). Not part of `make test`:
 
     .venv/bin/python scripts/gpu_decode_probe.py [--images 128] [--size 1280x960] [--batch 32]
                                                  [--threads N] [--repeat 3] [--rehearse-on-cpu]
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,9 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.photos import write_photos  # noqa: E402
+from detq.settings import Settings  # noqa: E402
 from detq.vocabulary import WorkerPool  # noqa: E402
+from worker.decode import decode_image  # noqa: E402
 from worker.devices import decode_threads_per_process  # noqa: E402
-from worker.jpeg import RgbDecoder, exact_jpeg_decoder, opencv_rgb  # noqa: E402
+from worker.jpeg import exact_jpeg_decoder, opencv_rgb  # noqa: E402
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,61 +70,58 @@ def summarize(gaps: Sequence[PixelGap]) -> dict[str, Any]:
     }
 
 
-def best_of(repeat: int, run: Callable[[], object]) -> float:
-    """The fastest of `repeat` timed runs, after an untimed one, in seconds."""
-    run()
+def best_of(repeat: int, run: Callable[[], T]) -> tuple[float, T]:
+    """The fastest of `repeat` timed runs, after an untimed one, in seconds; and what the last returned."""
+    found = run()
     times = []
     for _ in range(repeat):
         began = time.perf_counter()
-        run()
+        found = run()
         times.append(time.perf_counter() - began)
-    return min(times)
+    return min(times), found
 
 
-def exact_decodes(datas: Sequence[bytes], threads: int, device: Any) -> list[Any]:
-    """The GPU pool's path: each file decoded by detq's exact decoder on `threads` threads and its pixels
-    sent to the device as the pool sends them (pinned, without blocking); waits until all have arrived."""
+def exact_decodes(photos: Sequence[Path], threads: int, device: Any) -> list[Any]:
+    """The GPU pool's path: each file decoded as a pool process decodes it (worker.decode with the exact
+    JPEG decoder, the default limits) on `threads` threads and its pixels sent to the device as the pool
+    sends them (pinned, without blocking); waits until all have arrived."""
     import torch
 
-    from worker.models.tensors import pixels_on
+    from worker.models.tensors import pixels_on, rgb_array
 
-    decoder: RgbDecoder = exact_jpeg_decoder() or _pillow_rgb
+    limits = Settings(_env_file=None)
 
-    def one(data: bytes) -> Any:
-        pixels = decoder(data)
-        if pixels is None:
-            raise ValueError("the exact decoder cannot read a bench photo")
+    def one(photo: Path) -> Any:
+        decoded = decode_image(
+            photo,
+            target_size=None,
+            max_pixels=limits.max_image_pixels,
+            max_bytes=limits.max_file_bytes,
+            jpeg=exact_jpeg_decoder(),
+        )
+        pixels = rgb_array(decoded.image)
         return pixels_on(pixels, device) if device.type == "cuda" else pixels
 
     with ThreadPoolExecutor(threads) as pool:
-        found = list(pool.map(one, datas))
+        found = list(pool.map(one, photos))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return found
 
 
-def torchvision_decodes(datas: Sequence[bytes], batch: int, device: Any) -> list[Any]:
-    """torchvision.io.decode_jpeg over the files, `batch` a call, to RGB on the device (nvJPEG on cuda);
-    waits until every batch is decoded."""
+def torchvision_decodes(photos: Sequence[Path], batch: int, device: Any) -> list[Any]:
+    """torchvision.io.decode_jpeg over the files, read whole, `batch` a call, to RGB on the device (nvJPEG
+    on cuda); waits until every batch is decoded."""
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+    encoded = [torch.frombuffer(bytearray(photo.read_bytes()), dtype=torch.uint8) for photo in photos]
     found: list[Any] = []
     for start in range(0, len(encoded), batch):
         found.extend(decode_jpeg(encoded[start : start + batch], mode=ImageReadMode.RGB, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return found
-
-
-def _pillow_rgb(data: bytes) -> np.ndarray | None:
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        return np.asarray(img.convert("RGB"))
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -152,26 +153,26 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         photos = write_photos(Path(tmp), args.images, args.size)
-        datas = [photo.read_bytes() for photo in photos]
-    exact_s = best_of(args.repeat, lambda: exact_decodes(datas, threads, device))
-    tv_s = best_of(args.repeat, lambda: torchvision_decodes(datas, args.batch, device))
-    exact = [_host(p) for p in exact_decodes(datas, threads, device)]
-    decoded = [t.permute(1, 2, 0).cpu().numpy() for t in torchvision_decodes(datas, args.batch, device)]
+        exact_s, exact = best_of(args.repeat, lambda: exact_decodes(photos, threads, device))
+        tv_s, decoded = best_of(args.repeat, lambda: torchvision_decodes(photos, args.batch, device))
     report: dict[str, Any] = {
         "device": str(device),
         "gpu_name": None if args.rehearse_on_cpu else torch.cuda.get_device_name(0),
         "cores": os.cpu_count(),
-        "images": len(datas),
+        "images": len(photos),
         "size": list(args.size),
         "batch": args.batch,
         "threads": threads,
         "exact_decoder": "opencv" if exact_jpeg_decoder() is opencv_rgb else "pillow",
-        "exact_then_to_device_images_per_s": round(len(datas) / exact_s, 1),
-        "torchvision_images_per_s": round(len(datas) / tv_s, 1),
+        "exact_then_to_device_images_per_s": round(len(photos) / exact_s, 1),
+        "torchvision_images_per_s": round(len(photos) / tv_s, 1),
         "torchvision_vs_exact": round(exact_s / tv_s, 2),
     }
     try:
-        gaps = [pixel_gap(ours, theirs) for ours, theirs in zip(exact, decoded, strict=True)]
+        gaps = [
+            pixel_gap(_host(ours), _host(theirs.permute(1, 2, 0)))
+            for ours, theirs in zip(exact, decoded, strict=True)
+        ]
     except ValueError as exc:
         report.update(ok=False, reason=str(exc))
     else:
@@ -181,7 +182,7 @@ def main() -> int:
 
 
 def _host(pixels: Any) -> np.ndarray:
-    """Pixels decoded by the exact path, back on the host as an array."""
+    """H x W x 3 pixels, an array or a tensor on any device, as an array on the host."""
     return pixels if isinstance(pixels, np.ndarray) else pixels.cpu().numpy()
 
 
