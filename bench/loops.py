@@ -65,7 +65,7 @@ def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, 
             del dec  # its full-size pixels go before the next photo's decode, as in worker.detect
 
     budget = pixel_budget(model, cpu_pixels)
-    for batch in forward_batches(shrunk(), itemgetter(1), micro_batch, budget):
+    for batch in forward_batches(shrunk(), itemgetter(1), micro_batch, budget, model.grouping.key):
         outcomes = run_model(model, [i for _, i in batch], micro_batch, cpu_pixels)
         for (geometry, _), outcome in zip(batch, outcomes, strict=True):
             if outcome.detections is None:

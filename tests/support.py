@@ -263,13 +263,19 @@ def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -
 
     As built, SSDlite's activations fade through its layers (features of 1e-18 and less), so every anchor
     scores 1/91 in every class and its detections are its sorts' tie-breaks. calibrated: its BatchNorm
-    statistics taken from seeded noise images first, so its scores differ as a trained model's do."""
+    statistics taken from seeded noise images first, so its scores differ as a trained model's do.
+    retinanet, fcos and fasterrcnn_r18: the families whose transform keeps the aspect ratio and pads a
+    batch to its largest image, on a ResNet-18 FPN at min_size 320 (quick on a CPU), their score
+    thresholds lowered below the scores of untrained heads so that each image has its 100-300 boxes."""
     import torch
     from torchvision.models import detection
 
     builders = {
         "ssdlite": detection.ssdlite320_mobilenet_v3_large,
         "fasterrcnn": detection.fasterrcnn_mobilenet_v3_large_320_fpn,
+        "retinanet": _retinanet,
+        "fcos": _fcos,
+        "fasterrcnn_r18": _fasterrcnn_r18,
     }
     torch.manual_seed(0)
     model = builders[name](weights=None, weights_backbone=None).eval()
@@ -279,6 +285,47 @@ def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(torch.jit.script(model), str(path))
     return path
+
+
+def _resnet18_fpn(p6p7: bool) -> Any:
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+    if not p6p7:
+        return resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
+    return resnet_fpn_backbone(
+        backbone_name="resnet18",
+        weights=None,
+        trainable_layers=5,
+        returned_layers=[2, 3, 4],
+        extra_blocks=LastLevelP6P7(256, 256),
+    )
+
+
+def _retinanet(**_: Any) -> Any:
+    from torchvision.models.detection import RetinaNet
+
+    return RetinaNet(_resnet18_fpn(True), num_classes=91, min_size=320, max_size=640, score_thresh=0.005)
+
+
+def _fcos(**_: Any) -> Any:
+    from torchvision.models.detection import FCOS
+
+    return FCOS(_resnet18_fpn(True), num_classes=91, min_size=320, max_size=640, score_thresh=0.02)
+
+
+def _fasterrcnn_r18(**_: Any) -> Any:
+    from torchvision.models.detection import FasterRCNN
+
+    return FasterRCNN(
+        _resnet18_fpn(False),
+        num_classes=91,
+        min_size=320,
+        max_size=640,
+        box_score_thresh=0.005,
+        rpn_pre_nms_top_n_test=300,
+        rpn_post_nms_top_n_test=300,
+    )
 
 
 def _calibrate_batch_norm(model: Any) -> None:

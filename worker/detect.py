@@ -104,7 +104,7 @@ def detect_images(
     several) a micro-batch ahead in the background while the model runs on the one already prepared
     (Pillow and OpenCV release the GIL).
     Decoded images go to the model in forwards as soon as one is full (forward_batches: the micro-batch,
-    and on a CPU DETQ_CPU_FORWARD_PIXELS).
+    on a CPU DETQ_CPU_FORWARD_PIXELS, and only images the model's grouping lets share a forward).
     At the soft time limit, DetectionTimedOut carries the results so far and the images in flight.
     """
     results: dict[int, ImageResult] = {}
@@ -140,7 +140,9 @@ def detect_images(
     # Forwards the model takes whole: each one's results are recorded as it ends (at the time limit, the
     # images in flight are those of one forward).
     step = forward_step(model, runtime.settings.micro_batch)
-    batches = forward_batches(decoded(), _model_input, step, pixel_budget(model, cpu_pixels))
+    batches = forward_batches(
+        decoded(), _model_input, step, pixel_budget(model, cpu_pixels), model.grouping.key
+    )
     try:
         for chunk in batches:
             on_now.ids = [image.id for image, _, _ in chunk]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Generic, TypeVar
 
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 
+from worker.models.batching import Rule
 from worker.models.formats import ModelInput, to_source_pixels
 from worker.models.loading import LoadedModel
 from worker.models.outputs import RawDetections
@@ -65,55 +67,93 @@ def pixel_budget(model: LoadedModel, cpu_pixels: int | None) -> float:
 
 
 def forward_batches(
-    items: Iterable[T], input_of: Callable[[T], ModelInput], micro_batch: int, max_pixels: float
+    items: Iterable[T],
+    input_of: Callable[[T], ModelInput],
+    micro_batch: int,
+    max_pixels: float,
+    key: Callable[[ModelInput], Hashable] | None = None,
 ) -> Iterator[list[T]]:
     """Items gathered into forwards as they come: at most micro_batch of them and max_pixels of input (an
-    item larger on its own goes alone). A forward is handed on as soon as it is full, or as another item
-    of the size of its last would not fit, not when the next item's decode shows it."""
-    batch: list[T] = []
-    pixels = 0
+    item larger on its own goes alone), and only items of one key together (worker.models.batching: the
+    model's grouping, under which no image's detections depend on its batch-mates). A forward is handed
+    on as soon as it is full, or as another item of the size of its last would not fit, not when the next
+    item's decode shows it. Items of several keys wait for mates, at most micro_batch of them and
+    max_pixels in all: past that, the forward begun first goes as it is."""
+    waiting: dict[Hashable, _Forward[T]] = {}  # in the order each forward began
+    held = _Forward[T]()  # what all of them hold: counts only
+
+    def hand_on(group: Hashable) -> list[T]:
+        forward = waiting.pop(group)
+        held.count -= len(forward.items)
+        held.pixels -= forward.pixels
+        return forward.items
+
     for item in items:
-        size = input_pixels(input_of(item))
-        if batch and pixels + size > max_pixels:
-            yield batch
-            batch, pixels = [], 0
-        batch.append(item)
-        pixels += size
-        if len(batch) >= micro_batch or pixels + size > max_pixels:
-            yield batch
-            batch, pixels = [], 0
-    if batch:
-        yield batch
+        model_input = input_of(item)
+        size = input_pixels(model_input)
+        group = None if key is None else key(model_input)
+        forward = waiting.get(group)
+        if forward is not None and forward.pixels + size > max_pixels:
+            yield hand_on(group)
+            forward = None
+        if forward is None:
+            forward = waiting[group] = _Forward()
+        forward.add(item, size)
+        held.count += 1
+        held.pixels += size
+        if len(forward.items) >= micro_batch or forward.pixels + size > max_pixels:
+            yield hand_on(group)
+        elif len(waiting) > 1 and (held.count > micro_batch or held.pixels > max_pixels):
+            yield hand_on(next(iter(waiting)))
+    for group in list(waiting):
+        yield hand_on(group)
+
+
+@dataclass
+class _Forward(Generic[T]):
+    """Items gathered for one forward, and their input pixels."""
+
+    items: list[T] = field(default_factory=list)
+    count: int = 0
+    pixels: int = 0
+
+    def add(self, item: T, size: int) -> None:
+        self.items.append(item)
+        self.pixels += size
 
 
 def forward_step(model: LoadedModel, micro_batch: int) -> int:
-    """The most images one forward takes: the micro-batch, or fewer where the model is fixed to fewer."""
+    """The most images one forward takes: the micro-batch, or fewer where the model is fixed to fewer or
+    its grouping runs one image at a time."""
+    if model.grouping.rule is Rule.ONE:
+        return 1
     return max(1, min(micro_batch, model.max_batch or micro_batch))
 
 
 def run_model(
     model: LoadedModel, inputs: Sequence[ModelInput], micro_batch: int, cpu_pixels: int | None = None
 ) -> list[InferenceOutcome]:
-    """Detections per image, in forwards of at most micro_batch images (and cpu_pixels of input on a
-    CPU: pixel_budget); a failing forward is rerun image by image so one bad input fails alone."""
+    """Detections per image, in input order, from forwards of at most micro_batch images (and cpu_pixels
+    of input on a CPU: pixel_budget) that the model's grouping lets share a forward; a failing forward is
+    rerun image by image so one bad input fails alone."""
     step = forward_step(model, micro_batch)
-    outcomes: list[InferenceOutcome] = []
-    for chunk in forward_batches(inputs, _same, step, pixel_budget(model, cpu_pixels)):
+    outcomes: dict[int, InferenceOutcome] = {}
+    indexed = list(enumerate(inputs))
+    budget = pixel_budget(model, cpu_pixels)
+    for chunk in forward_batches(indexed, itemgetter(1), step, budget, model.grouping.key):
+        chunk_inputs = [item for _, item in chunk]
         began = time.perf_counter()
         try:
-            results = forward_inputs(model, chunk)
+            results = forward_inputs(model, chunk_inputs)
         except SoftTimeLimitExceeded:
             raise  # the batch's time is up: no image is to blame
         except Exception:  # noqa: BLE001 - isolate the culprit below
-            outcomes.extend(_forward_one_by_one(model, chunk))
+            outcomes.update(zip([i for i, _ in chunk], _forward_one_by_one(model, chunk_inputs), strict=True))
             continue
         share = (time.perf_counter() - began) * 1000 / len(chunk)
-        outcomes.extend(InferenceOutcome(detections=r, error=None, infer_ms=share) for r in results)
-    return outcomes
-
-
-def _same(item: ModelInput) -> ModelInput:
-    return item
+        for (index, _), result in zip(chunk, results, strict=True):
+            outcomes[index] = InferenceOutcome(detections=result, error=None, infer_ms=share)
+    return [outcomes[index] for index in range(len(inputs))]
 
 
 MAX_REASON_CHARS = 300

@@ -25,7 +25,7 @@ def _same(item: ModelInput) -> ModelInput:
 
 
 def _recorded(tmp_path: Path) -> tuple[LoadedModel, CountsForwards]:
-    loaded = load_model_for_device(save_fixed_box_model(tmp_path / "fixed.pt"), "cpu")
+    loaded = load_model_for_device(save_fixed_box_model(tmp_path / "fixed.pt"), "cpu", micro_batch=8)
     recording = CountsForwards(loaded.module)
     return replace(loaded, module=recording), recording
 
@@ -62,6 +62,39 @@ def test_a_full_forward_is_handed_on_before_the_next_input_is_asked_for() -> Non
     taken.clear()
     first = next(forward_batches(source(), _same, 8, 20_000))
     assert len(first) == 2 and taken == [0, 1]
+
+
+def _size(item: ModelInput) -> tuple[int, int]:
+    return int(item.pixels.shape[1]), int(item.pixels.shape[0])
+
+
+def test_only_inputs_of_one_key_share_a_forward_and_few_wait_for_mates() -> None:
+    # Given inputs of two sizes, alternating, grouped by size into forwards of two
+    a, b = _input(100, 100), _input(120, 100)
+    forwards = list(forward_batches([a, b, a, b, a], _same, 2, float("inf"), _size))
+    # Then each forward holds one size, filled as mates come, the last one flushed at the end
+    assert forwards == [[a, a], [b, b], [a]]
+    # Given a source of five sizes, each new (no input ever finds a mate)
+    taken: list[int] = []
+
+    def source() -> Iterator[ModelInput]:
+        for index in range(5):
+            taken.append(index)
+            yield _input(100 + index, 100)
+
+    # When they are grouped into forwards of two
+    seen = []
+    for forward in forward_batches(source(), _same, 2, float("inf"), _size):
+        seen.append((len(taken), [_size(i)[0] for i in forward]))
+    # Then at most the micro-batch waits for mates: the oldest goes alone once a third arrives
+    assert seen == [(3, [100]), (4, [101]), (5, [102]), (5, [103]), (5, [104])]
+    # And the pixel budget bounds what waits as well: three inputs of 40% of it do not wait together,
+    # though the micro-batch of eight would let them
+    seen.clear()
+    taken.clear()
+    for forward in forward_batches(source(), _same, 8, 2.5 * 100 * 100, _size):
+        seen.append((len(taken), [_size(i)[0] for i in forward]))
+    assert seen[0] == (3, [100])
 
 
 def test_the_pixel_budget_holds_on_a_cpu_only() -> None:

@@ -14,6 +14,7 @@ import torch
 
 from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
 from detq.vocabulary import ModelFormat, Precision
+from worker.models.batching import ONE_AT_A_TIME, Grouping, choose_grouping
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, TorchvisionAdapter, adapter_for
 from worker.models.introspect import torchvision_fixed_size, torchvision_input_size
@@ -70,6 +71,8 @@ class LoadedModel:
     max_batch: int | None = None
     repaired_devices: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # Which images may share a forward (worker.models.batching); one at a time unless load chose.
+    grouping: Grouping = ONE_AT_A_TIME
 
     @property
     def decode_target(self) -> tuple[int, int] | None:
@@ -232,6 +235,9 @@ def load_model_for_device(
             counts = sorted({1, max(1, min(micro_batch, max_batch or micro_batch))})
             note = channels_last_where_exact(module, probe_forwards(adapter, size, target, counts), path.name)
             notes.extend([note] if note else [])
+        # Last, on the model as it will run: which images may share a forward.
+        grouping = choose_grouping(module, adapter, target, micro_batch, max_batch)
+        notes.append(grouping.note)
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:
@@ -254,7 +260,7 @@ def load_model_for_device(
         notes.append(f"DETQ_PRECISION={precision}: this CPU has no {precision} units, so it runs emulated")
         log.warning("detq: %s, much slower than fp32", notes[-1])
     log.info(
-        "detq: loaded model %s (%s, %s, format %s from %s) on %s at %s in %.0f ms, warm-up %.0f ms",
+        "detq: loaded model %s (%s, %s, format %s from %s) on %s at %s in %.0f ms, warm-up %.0f ms; %s",
         path.name,
         digest[:12],
         kind,
@@ -264,6 +270,7 @@ def load_model_for_device(
         precision,
         load_ms,
         warmup_ms,
+        grouping.note,
     )
     return LoadedModel(
         module=module,
@@ -278,4 +285,5 @@ def load_model_for_device(
         max_batch=max_batch,
         repaired_devices=tuple(repaired),
         notes=tuple(notes),
+        grouping=grouping,
     )

@@ -74,6 +74,7 @@ def inspect_model(
         iou_threshold=meta.iou_threshold,
         max_detections=meta.max_detections,
         max_batch=loaded.max_batch,
+        forwards=loaded.grouping.rule.value,
         repaired_device_constants=list(loaded.repaired_devices),
         load_ms=round(loaded.load_ms, 1),
         warmup_ms=round(loaded.warmup_ms, 1),
