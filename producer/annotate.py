@@ -30,10 +30,15 @@ def colour_for(label_id: int) -> str:
 
 
 def annotate(image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int = 1600) -> None:
-    """Write a JPEG copy of the image (EXIF-upright, at most max_side) with its detections drawn."""
+    """Write a copy of the image (EXIF-upright, at most max_side) with its detections drawn, in the format
+    out_path's suffix names (JPEG where Pillow knows none)."""
     canvas = annotated(image_path, detections, max_side)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(out_path, "JPEG", quality=88)
+    fmt = Image.registered_extensions().get(out_path.suffix.lower(), "JPEG")
+    if fmt in ("JPEG", "MPO"):
+        canvas.save(out_path, "JPEG", quality=88)
+    else:
+        canvas.save(out_path, fmt)
 
 
 def annotated(image_path: Path, detections: Sequence[Box], max_side: int) -> Image.Image:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from db.export_repo import images_with_boxes
 from db.history_repo import jobs_over_roots, latest_image_ids
 from db.models import Image, ModelRecord
+from detq.errors import DetqError
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.coco import CocoDatasetWriter, class_names, coco_categories, coco_result, dumps
@@ -47,6 +48,7 @@ def write_results(
     info = {"description": f"detq results of {', '.join(roots)}"}
     categories = coco_categories(class_names(session, model, job_ids))
     out_dir.mkdir(parents=True, exist_ok=True)
+    copies = AnnotatedCopies(out_dir / "images", roots)
     counts = {"images": 0, "detections": 0, "annotated": 0, "not_annotated": 0}
 
     def write_all(lines: TextIO, results: TextIO, dataset_out: TextIO) -> None:
@@ -65,7 +67,7 @@ def write_results(
                     counts["detections"] += 1
                 if save_images:
                     try:
-                        annotate(Path(image.path), boxes, out_dir / "images" / _flat_name(image, roots))
+                        annotate(Path(image.path), boxes, copies.path_of(image))
                         counts["annotated"] += 1
                     except OSError:  # moved or unreadable since it ran: the results still hold it
                         counts["not_annotated"] += 1
@@ -93,9 +95,41 @@ def write_results(
     )
 
 
-def _flat_name(image: Image, roots: Sequence[str]) -> str:
-    """The image's path under its root, folders joined with '__', as a .jpg name."""
-    root = roots[image.root_index] if 0 <= image.root_index < len(roots) else ""
-    relative = os.path.relpath(image.path, root) if root else os.path.basename(image.path)
-    prefix = f"{image.root_index}__" if len(roots) > 1 else ""  # a.jpg of two roots stay apart
-    return prefix + os.path.splitext(relative.replace(os.sep, "__"))[0] + ".jpg"
+def check_copies_folder(out_dir: Path, roots: Sequence[Path]) -> None:
+    """Refuse an --out whose images/ folder overlaps a folder being run: the copies keep the folders'
+    layout, so they could land on the inputs themselves, and a later scan would take them for images."""
+    copies = (out_dir / "images").expanduser().resolve()
+    for root in roots:
+        folder = root.expanduser().resolve()
+        if copies.is_relative_to(folder) or folder.is_relative_to(copies):
+            raise DetqError(
+                f"--out {out_dir} would put annotated copies in {copies}, which overlaps {folder} (one of the"
+                " folders being run): choose an --out outside it"
+            )
+
+
+class AnnotatedCopies:
+    """Where each image's annotated copy goes: its path under its root, kept as it is, under the folder
+    (a.jpg, a.png, sub/x.jpg and sub__x.jpg stay four files), in the original's format. With several
+    roots, each root's copies lie under a folder named after it (its name, numbered where two roots share
+    one)."""
+
+    def __init__(self, folder: Path, roots: Sequence[str]) -> None:
+        self.folder = folder
+        self.roots = list(roots)
+        names = [Path(root).name or "root" for root in self.roots]
+        self.prefixes = (
+            [""]
+            if len(self.roots) <= 1
+            else [name if names.count(name) == 1 else f"{name}-{i + 1}" for i, name in enumerate(names)]
+        )
+
+    def path_of(self, image: Image) -> Path:
+        """The copy's path: a file that no other image of these roots maps to."""
+        inside = 0 <= image.root_index < len(self.roots)
+        root = self.roots[image.root_index] if inside else ""
+        relative = os.path.relpath(image.path, root) if root else os.path.basename(image.path)
+        if relative.startswith(os.pardir + os.sep) or os.path.isabs(relative):
+            relative = os.path.basename(image.path)  # not under its root: only a ledger edited by hand
+        prefix = self.prefixes[image.root_index] if inside and len(self.prefixes) > 1 else ""
+        return self.folder / prefix / relative

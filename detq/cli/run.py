@@ -23,7 +23,7 @@ from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
 from producer.local_workers import LocalWorkers
 from producer.progress import EXIT_FINISHED_WITH_FAILURES, EXIT_TIMED_OUT, WaitTimeout, exit_code_for
-from producer.results import write_results
+from producer.results import check_copies_folder, write_results
 from producer.status import JobStatus
 
 EXIT_INTERRUPTED = 130
@@ -48,7 +48,11 @@ EXIT_INTERRUPTED = 130
     show_default=True,
     help="Folder for detections.jsonl, coco_results.json, coco_dataset.json (and images/).",
 )
-@click.option("--save-images", is_flag=True, help="Also write annotated copies of the images to OUT/images.")
+@click.option(
+    "--save-images",
+    is_flag=True,
+    help="Also write annotated copies of the images to OUT/images, at their paths in the folder.",
+)
 @click.option(
     "--workers", type=click.IntRange(min=1), help="Local worker processes (default: cores, or GPUs)."
 )
@@ -88,6 +92,8 @@ def run(
     settings = load_settings()
     settings = settings.replace(model=check_model_file(model or settings.model))
     roots = check_roots(folders, settings.allowed_root_paths)
+    if save_images:
+        check_copies_folder(out, roots)
     worker_pool = WorkerPool(pool)
     start_here = settings.is_embedded_broker if local_workers is None else local_workers
     processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)

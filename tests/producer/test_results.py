@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
+import pytest
+from PIL import Image
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from db.models import ModelRecord
+from detq.errors import DetqError
 from detq.vocabulary import ImageStatus
-from producer.results import write_results
+from producer.results import AnnotatedCopies, check_copies_folder, write_results
 from tests.ledger_support import done_results
 from tests.support import write_jpeg
+
+
+class ImageRow(NamedTuple):
+    """What a copy's path is made of: an image's path and its root."""
+
+    path: str
+    root_index: int
 
 
 def test_results_hold_each_paths_latest_row_and_the_files_agree(
@@ -61,3 +72,55 @@ def test_results_hold_each_paths_latest_row_and_the_files_agree(
     # And the image that moved away is counted, not drawn, and stops nothing
     assert (written.images, written.annotated, written.not_annotated) == (4, 3, 1)
     assert sorted(p.name for p in (out / "images").iterdir()) == ["a.jpg", "b.jpg", "c.jpg"]
+
+
+def test_annotated_copies_keep_the_folders_layout_and_never_overwrite_each_other(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    # Given a folder whose names collide once flattened or stripped of their suffix
+    root = tmp_path / "in"
+    (root / "sub").mkdir(parents=True)
+    names = ["a.jpg", "a.png", "sub/x.jpg", "sub__x.jpg"]
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)]
+    for name, colour in zip(names, colours, strict=True):
+        Image.new("RGB", (64, 48), colour).save(root / name)
+    with factory() as session, session.begin():
+        model = get_or_create_model(session, sha256="e" * 64, path="/m.pt", size_bytes=1, meta={})
+        job = create_job(session, model_id=model.id, roots=[str(root)], pool="cpu", batch_size=4).id
+        ids = insert_images(session, job, [NewImage(str(root / n), 1, 1.0) for n in names])
+        finalise_results(session, job, model.id, done_results(ids, 0), worker="w", device="cpu")
+    out = tmp_path / "results"
+    # When the results are written with annotated copies
+    with factory() as session:
+        written = write_results(
+            session, session.get_one(ModelRecord, model.id), [str(root)], out, save_images=True
+        )
+    # Then there are four copies, each at its image's path under images/, in its format, with its pixels
+    assert written.annotated == 4
+    copies = sorted(str(p.relative_to(out / "images")) for p in (out / "images").rglob("*") if p.is_file())
+    assert copies == sorted(names)
+    for name, colour in zip(names, colours, strict=True):
+        with Image.open(out / "images" / name) as copy:
+            assert copy.format == ("PNG" if name.endswith(".png") else "JPEG")
+            pixel = copy.convert("RGB").getpixel((32, 24))
+            assert isinstance(pixel, tuple)
+            assert max(abs(a - b) for a, b in zip(pixel, colour, strict=True)) < 12
+
+
+def test_copies_of_several_roots_lie_under_each_roots_name(tmp_path: Path) -> None:
+    roots = [str(tmp_path / "a" / "cam"), str(tmp_path / "b" / "cam"), str(tmp_path / "day")]
+    copies = AnnotatedCopies(tmp_path / "out" / "images", roots)
+    image = ImageRow(path=str(tmp_path / "b" / "cam" / "x.jpg"), root_index=1)
+    assert copies.path_of(image) == tmp_path / "out" / "images" / "cam-2" / "x.jpg"  # type: ignore[arg-type]
+    image = ImageRow(path=str(tmp_path / "day" / "x.jpg"), root_index=2)
+    assert copies.path_of(image) == tmp_path / "out" / "images" / "day" / "x.jpg"  # type: ignore[arg-type]
+
+
+def test_an_out_folder_whose_copies_would_land_in_the_input_is_refused(tmp_path: Path) -> None:
+    photos = tmp_path / "data" / "images"
+    photos.mkdir(parents=True)
+    with pytest.raises(DetqError, match="overlaps"):
+        check_copies_folder(tmp_path / "data", [photos])  # images/ is the input folder itself
+    with pytest.raises(DetqError, match="overlaps"):
+        check_copies_folder(photos / "results", [photos])  # copies a later scan would take for photos
+    check_copies_folder(tmp_path / "results", [photos])
