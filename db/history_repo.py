@@ -22,25 +22,29 @@ class PastOutcome:
     status: str
 
 
-def past_outcomes(session: Session, model_id: int, paths: Sequence[str]) -> dict[str, list[PastOutcome]]:
-    """Every earlier image row of these paths in jobs of this model: one query on uq_images_path_job."""
+def past_outcomes(
+    session: Session, model_id: int, settings_key: str, paths: Sequence[str]
+) -> dict[str, list[PastOutcome]]:
+    """Every earlier image row of these paths in jobs of this model at these settings (their key): one
+    query on uq_images_path_job."""
     if not paths:
         return {}
     found: dict[str, list[PastOutcome]] = defaultdict(list)
     rows = session.execute(
         select(Image.path, Image.size_bytes, Image.mtime, Image.status)
         .join(Job, Job.id == Image.job_id)
-        .where(Job.model_id == model_id, Image.path.in_(list(paths)))
+        .where(Job.model_id == model_id, Job.settings_key == settings_key, Image.path.in_(list(paths)))
     ).tuples()
     for path, size_bytes, mtime, status in rows:
         found[path].append(PastOutcome(size_bytes, mtime, status))
     return dict(found)
 
 
-def jobs_over_roots(session: Session, model_id: int, roots: Sequence[str]) -> list[Job]:
-    """Jobs of this model over exactly these roots, newest first."""
+def jobs_over_roots(session: Session, model_id: int, settings_key: str, roots: Sequence[str]) -> list[Job]:
+    """Jobs of this model at these settings (their key) over exactly these roots, newest first."""
     wanted = list(roots)
-    jobs = session.scalars(select(Job).where(Job.model_id == model_id).order_by(Job.id.desc()))
+    query = select(Job).where(Job.model_id == model_id, Job.settings_key == settings_key)
+    jobs = session.scalars(query.order_by(Job.id.desc()))
     return [job for job in jobs if list(job.roots) == wanted]
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from db.models import Detection, Image, Job, ModelRecord, table_of, utcnow
 from db.upsert import insert_ignoring_conflicts
+from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.vocabulary import ImageStatus
 
 
@@ -31,9 +32,25 @@ def latest_model_at(session: Session, path: str) -> ModelRecord | None:
     return session.scalars(query).first()
 
 
-def create_job(session: Session, *, model_id: int, roots: list[str], pool: str, batch_size: int) -> Job:
-    """A new job with no images yet; its id is assigned (flushed) on return."""
-    job = Job(model_id=model_id, roots=list(roots), pool=pool, batch_size=batch_size)
+def create_job(
+    session: Session,
+    *,
+    model_id: int,
+    roots: list[str],
+    pool: str,
+    batch_size: int,
+    settings: InferenceSettings = DEFAULTS,
+) -> Job:
+    """A new job with no images yet, run with these inference settings; its id is assigned (flushed) on
+    return."""
+    job = Job(
+        model_id=model_id,
+        roots=list(roots),
+        pool=pool,
+        batch_size=batch_size,
+        settings=settings.to_json(),
+        settings_key=settings.key,
+    )
     session.add(job)
     session.flush()
     return job
@@ -134,7 +151,7 @@ _ANY_PENDING = (
     .limit(1)
 )
 _JOB_MODEL = (
-    select(_JOBS.c.roots, _JOBS.c.model_id, _MODELS.c.sha256, _MODELS.c.path, _JOBS.c.pool)
+    select(_JOBS.c.roots, _JOBS.c.model_id, _MODELS.c.sha256, _MODELS.c.path, _JOBS.c.pool, _JOBS.c.settings)
     .join(_MODELS, _MODELS.c.id == _JOBS.c.model_id)
     .where(_JOBS.c.id == bindparam("job_id"))
 )
@@ -180,19 +197,23 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime, *, start
 
 @dataclass(frozen=True)
 class JobModel:
-    """What a worker needs of a job: the folders it may read and the model to run."""
+    """What a worker needs of a job: the folders it may read, the model to run and its settings."""
 
     roots: list[str]
     model_id: int
     model_sha256: str
     model_path: str
     pool: str  # the pool whose queue its batches go to (a batch sent again too)
+    settings: InferenceSettings | None = None  # None: a job made before jobs had settings (migration 0008)
 
 
 def job_model(session: Session, job_id: int) -> JobModel | None:
-    """The job's roots, model and pool, in one statement; None if there is no such job."""
+    """The job's roots, model, pool and settings, in one statement; None if there is no such job."""
     row = session.execute(_JOB_MODEL, {"job_id": job_id}).one_or_none()
-    return None if row is None else JobModel(list(row.roots), row.model_id, row.sha256, row.path, row.pool)
+    if row is None:
+        return None
+    settings = InferenceSettings.from_json(row.settings) if row.settings is not None else None
+    return JobModel(list(row.roots), row.model_id, row.sha256, row.path, row.pool, settings)
 
 
 def get_job(session: Session, job_id: int) -> Job | None:

@@ -93,6 +93,12 @@ class Job(Base):
     unreadable_count: Mapped[int | None] = mapped_column(Integer)
     unreadable_folders: Mapped[list[dict[str, str]] | None] = mapped_column(JSON)
 
+    # What shapes its results beside the model (detq.inference_settings, migration 0008): the settings its
+    # workers apply, and their key, with the model the key of "already done" for incremental runs. None:
+    # a job made before 0008, run as its workers' settings said (its key is the defaults').
+    settings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    settings_key: Mapped[str | None] = mapped_column(String(16))
+
     model: Mapped[ModelRecord] = relationship()
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from db.models import Job, ScheduleState, utcnow
 from db.upsert import insert_ignoring_conflicts
+from detq.inference_settings import DEFAULTS, InferenceSettings
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,14 @@ class RunCounts:
 
 
 def claim_run(
-    session: Session, key: RunKey, *, model_id: int, roots: list[str], pool: str, batch_size: int
+    session: Session,
+    key: RunKey,
+    *,
+    model_id: int,
+    roots: list[str],
+    pool: str,
+    batch_size: int,
+    settings: InferenceSettings = DEFAULTS,
 ) -> int | None:
     """Create the job of this scheduled run and return its id; None when the run already exists.
 
@@ -55,6 +63,8 @@ def claim_run(
         "roots": list(roots),
         "pool": pool,
         "batch_size": batch_size,
+        "settings": settings.to_json(),
+        "settings_key": settings.key,
         "schedule_name": key.schedule_name,
         "scheduled_for": key.scheduled_for,
         "total": 0,

@@ -161,6 +161,35 @@ def choice(kind: type[enum.StrEnum]) -> Reader:
     return read
 
 
+MAX_INPUT_SIDE = 16384
+
+
+def size(value: Any) -> tuple[int, int]:
+    """(height, width): one number for a square, "H,W" or "HxW" text, or a pair."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.lower().replace("x", ",").split(",")]
+        try:
+            value = [int(p) for p in parts]
+        except ValueError:
+            raise BadValue(f"must be 'H,W' or one number (a square), not {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list | tuple) or len(value) not in (1, 2):
+        raise BadValue(f"must be 'H,W' or one number (a square), not {value!r}")
+    sides = (value[0], value[-1])
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_INPUT_SIDE for v in sides):
+        raise BadValue(f"sides must be whole numbers from 1 to {MAX_INPUT_SIDE}, not {value!r}")
+    return (int(sides[0]), int(sides[1]))
+
+
+def names(value: Any) -> tuple[str, ...]:
+    """A comma-separated list (or a list) of names, each stripped; empty: none."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str | int) for i in items):
+        raise BadValue(f"must be names separated by commas, not {value!r}")
+    return tuple(dict.fromkeys(str(i).strip() for i in items if str(i).strip()))
+
+
 def optional(reader: Reader) -> Reader:
     """reader's value, or None for None."""
 

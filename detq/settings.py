@@ -12,7 +12,19 @@ from typing import Any
 from detq.broker_url import verified_tls
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.setting_sources import ENV_FILE, PREFIX, environment
-from detq.setting_values import boolean, choice, integer, number, optional, path, read_values, setting, text
+from detq.setting_values import (
+    boolean,
+    choice,
+    integer,
+    names,
+    number,
+    optional,
+    path,
+    read_values,
+    setting,
+    size,
+    text,
+)
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
@@ -88,8 +100,15 @@ class Settings:
         read=optional(choice(ModelFormat)),
         doc="Override the model's output format (default: its metadata, else guessed).",
     )
-    input_size: str | None = setting(
-        None, read=optional(text()), doc="Override the model's input size: 'H,W' or one number for a square."
+    input_size: tuple[int, int] | None = setting(
+        None,
+        read=optional(size),
+        doc="Override the model's input size: 'H,W' or one number for a square (YOLO exports' imgsz).",
+    )
+    classes: tuple[str, ...] = setting(
+        (),
+        read=names,
+        doc="Keep only detections of these classes: names or label ids, separated by commas (default: all).",
     )
     iou_threshold: float | None = setting(
         None,

@@ -20,6 +20,7 @@ from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, set_run_counts
 from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
+from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
 from detq.vocabulary import Pool
 from dispatch.send import broker_error_reason, check_broker
@@ -111,11 +112,13 @@ def enqueue_folders(
     heartbeat_s: float = 5.0,
     model_sha256: str | None = None,
     worker_timeout_s: float | None = None,
+    settings: InferenceSettings = DEFAULTS,
 ) -> EnqueueResult:
     """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
 
-    only_new queues only files new or changed since this model last processed them, and earlier failures
-    up to max_retries (producer/incremental.py). run_key makes the job a scheduled run, created only if no
+    The job records the inference settings its workers apply. only_new queues only files new or changed
+    since this model processed them at these settings, and earlier failures up to max_retries
+    (producer/incremental.py). run_key makes the job a scheduled run, created only if no
     job has that key yet (else RunAlreadyClaimed). model_sha256 spares hashing a model the caller hashed.
     With worker_timeout_s, the job's last batches taper for the pool processes heard from within it
     (producer/taper.py); without, every batch is full.
@@ -130,7 +133,9 @@ def enqueue_folders(
         model_file = check_model_file(model_path)
     except EnqueueError as exc:
         if run_key is not None:  # a scheduled run says in the ledger why it queued nothing
-            _record_unqueued_run(factory, model_path, model_sha256, run_key, roots, pool, batch_size, exc)
+            _record_unqueued_run(
+                factory, model_path, model_sha256, run_key, (roots, pool, batch_size, settings), exc
+            )
         raise
     try:
         check_broker(app)
@@ -140,8 +145,9 @@ def enqueue_folders(
         ) from None
     sha256 = model_sha256 or file_sha256(model_file)
     meta = read_embedded_meta(model_file)
+    check_classes(settings.classes, meta, model_file)
     job_id, model_id = create_enqueue_job(
-        factory, model_file, sha256, meta, resolved, pool, batch_size, run_key
+        factory, model_file, sha256, meta, resolved, pool, batch_size, run_key, settings
     )
     processes = 0
     if worker_timeout_s is not None:
@@ -171,7 +177,7 @@ def enqueue_folders(
                         last = len(chunk) < INSERT_CHUNK
                         if tally is not None:
                             # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
-                            chunk = select_files(session, model_id, chunk, max_retries, tally)
+                            chunk = select_files(session, (model_id, settings.key), chunk, max_retries, tally)
                         batches, refused = record_chunk(
                             session, job_id, chunk, batch_size, processes if last else 0
                         )
@@ -218,6 +224,20 @@ def enqueue_folders(
     )
 
 
+def check_classes(classes: Sequence[str], meta: dict[str, object], model_file: Path) -> None:
+    """Refuse class names the model does not have (a typo would keep no detection at all), where its
+    embedded metadata names its classes; label ids are always taken."""
+    known = meta.get("classes")
+    if not classes or not isinstance(known, list) or not known:
+        return
+    unknown = [c for c in classes if not c.isdigit() and c not in known]
+    if unknown:
+        names = ", ".join(map(str, known[:40])) + (", ..." if len(known) > 40 else "")
+        raise EnqueueError(
+            f"{model_file.name} has no class {', '.join(map(repr, unknown))}; its classes are: {names}"
+        )
+
+
 def check_model_file(model_path: Path) -> Path:
     """The resolved model file; EnqueueError unless it is a TorchScript or torch.export archive."""
     model_file = model_path.expanduser().resolve()
@@ -252,13 +272,13 @@ def _record_unqueued_run(
     model_path: Path,
     model_sha256: str | None,
     run_key: RunKey,
-    roots: Sequence[Path],
-    pool: Pool,
-    batch_size: int,
+    job: tuple[Sequence[Path], Pool, int, InferenceSettings],
     error: EnqueueError,
 ) -> None:
     """The scheduled run's job, closed at once with the reason it could not start (a share not mounted
-    that night, a model file moved away); RunAlreadyClaimed if it exists."""
+    that night, a model file moved away); job: its roots, pool, batch size and settings;
+    RunAlreadyClaimed if it exists."""
+    roots, pool, batch_size, settings = job
     try:
         model_file: Path | None = check_model_file(model_path)
     except EnqueueError:
@@ -273,4 +293,5 @@ def _record_unqueued_run(
         pool=pool,
         batch_size=batch_size,
         reason=f"nothing queued: {error}",
+        settings=settings,
     )

@@ -100,7 +100,9 @@ def export_coco_dataset(session: Session, job_id: int, out: TextIO, progress: Pr
     job = get_job(session, job_id)
     if job is None:
         raise JobNotFound(f"no job {job_id}")
-    info = {"description": f"detq job {job_id}", "model_sha256": job.model.sha256}
+    info: dict[str, Any] = {"description": f"detq job {job_id}", "model_sha256": job.model.sha256}
+    if job.settings is not None:
+        info["settings"] = job.settings  # what its results are made with (detq.inference_settings)
     dataset = CocoDatasetWriter(out, info, coco_categories(class_names(session, job.model, [job_id])))
     for image, _ in _counted(iter_ledger(session, job_id, boxes=False), progress):
         if image.status == ImageStatus.DONE:

@@ -72,10 +72,16 @@ class Tally:
 
 
 def select_files(
-    session: Session, model_id: int, files: Sequence[ScannedFile], max_retries: int, tally: Tally
+    session: Session,
+    results: tuple[int, str],
+    files: Sequence[ScannedFile],
+    max_retries: int,
+    tally: Tally,
 ) -> list[ScannedFile]:
-    """The files of a scanned chunk that need processing by the model; one query for the whole chunk."""
-    history = past_outcomes(session, model_id, [f.path for f in files])
+    """The files of a scanned chunk that need processing for these results (a model's id and the key of
+    the inference settings, detq.inference_settings); one query for the whole chunk."""
+    model_id, settings_key = results
+    history = past_outcomes(session, model_id, settings_key, [f.path for f in files])
     selected = []
     for file in files:
         decision = decide(file, history.get(file.path, ()), max_retries)

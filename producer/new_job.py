@@ -11,6 +11,7 @@ from db.clock import ledger_now
 from db.enqueue_repo import open_enqueue
 from db.jobs_repo import create_job, get_or_create_model
 from db.schedules_repo import RunKey, claim_run
+from detq.inference_settings import InferenceSettings
 from detq.vocabulary import Pool
 from producer.unqueued_run import RunAlreadyClaimed
 
@@ -24,9 +25,11 @@ def create_enqueue_job(
     pool: Pool,
     batch_size: int,
     run_key: RunKey | None,
+    settings: InferenceSettings,
 ) -> tuple[int, int]:
-    """The job an enqueue fills, made under its model's row (a scheduled run's once: RunAlreadyClaimed
-    if it exists), alive by the database's clock from its first moment; (job id, model id)."""
+    """The job an enqueue fills, with its inference settings, made under its model's row (a scheduled
+    run's once: RunAlreadyClaimed if it exists), alive by the database's clock from its first moment;
+    (job id, model id)."""
     with factory() as session, session.begin():
         model = get_or_create_model(
             session, sha256=sha256, path=str(model_file), size_bytes=model_file.stat().st_size, meta=meta
@@ -34,11 +37,22 @@ def create_enqueue_job(
         roots_text = [str(r) for r in roots]
         if run_key is None:
             job_id = create_job(
-                session, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+                session,
+                model_id=model.id,
+                roots=roots_text,
+                pool=pool,
+                batch_size=batch_size,
+                settings=settings,
             ).id
         else:
             claimed = claim_run(
-                session, run_key, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+                session,
+                run_key,
+                model_id=model.id,
+                roots=roots_text,
+                pool=pool,
+                batch_size=batch_size,
+                settings=settings,
             )
             if claimed is None:
                 raise RunAlreadyClaimed(

@@ -86,6 +86,7 @@ def render_report(session: Session, job_id: int) -> str:
         ("detections", str(status.detections)),
         ("folders", ", ".join(status.roots)),
         ("model", status.model_sha256[:16]),
+        ("settings", status.settings_line),
         ("elapsed", time_taken(status)),
         ("created", status.created_at),
         ("first claim", status.started_at or "not yet"),

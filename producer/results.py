@@ -34,18 +34,27 @@ class WrittenResults:
 
 
 def write_results(
-    session: Session, model: ModelRecord, roots: Sequence[str], out_dir: Path, *, save_images: bool
+    session: Session,
+    results: tuple[ModelRecord, str],
+    roots: Sequence[str],
+    out_dir: Path,
+    *,
+    save_images: bool,
 ) -> WrittenResults:
-    """Every image of these roots with its latest outcome under this model, across the runs over them.
+    """Every image of these roots with its latest outcome under this model at these settings (results: the
+    model and the key of its inference settings), across the runs over them.
 
     One pass over the images, a chunk at a time, writes the three files together (the dataset's
     annotations spooled, then appended after its images), so memory holds a chunk whatever the folder's
     size (a folder of 100,000 images of 10 boxes took 1.6 GB when they were all loaded first).
     """
-    jobs = jobs_over_roots(session, model.id, roots)
+    model, settings_key = results
+    jobs = jobs_over_roots(session, model.id, settings_key, roots)
     job_ids = [job.id for job in jobs]
     image_ids = latest_image_ids(session, job_ids)
-    info = {"description": f"detq results of {', '.join(roots)}"}
+    info: dict[str, object] = {"description": f"detq results of {', '.join(roots)}"}
+    if jobs and jobs[0].settings is not None:
+        info["settings"] = jobs[0].settings  # what these results are made with (detq.inference_settings)
     categories = coco_categories(class_names(session, model, job_ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     copies = AnnotatedCopies(out_dir / "images", roots)

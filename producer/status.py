@@ -13,6 +13,7 @@ from db.job_counts_repo import JobCounts, job_snapshot
 from db.jobs_repo import CANCELLED_REASON
 from db.models import Job, as_utc
 from detq.errors import DetqError
+from detq.inference_settings import DEFAULT_KEY, InferenceSettings
 from detq.vocabulary import JobState
 
 
@@ -44,6 +45,9 @@ class JobStatus:
     cancelled: int = 0
     unreadable_count: int = 0  # folders its scan could not list: their images are in no job
     unreadable_folders: list[dict[str, str]] = field(default_factory=list)  # the first, with reasons
+    # The inference settings its results are made with (detq.inference_settings); None: a job made
+    # before jobs recorded them, run as its workers' settings said.
+    settings: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -57,6 +61,21 @@ class JobStatus:
         such = f", such as {first['folder']} ({first['reason']})" if first else ""
         plural = "folder" if self.unreadable_count == 1 else "folders"
         return f"{self.unreadable_count} {plural} not read, their images in no job{such}"
+
+    @property
+    def settings_line(self) -> str:
+        """The settings that differ from the defaults, in a few words."""
+        if self.settings is None:
+            return "as its workers' settings said (recorded before jobs had settings)"
+        return InferenceSettings.from_json(self.settings).describe()
+
+    @property
+    def settings_words(self) -> str:
+        """settings_line for a table: "defaults" where nothing differs, "?" where not recorded."""
+        if self.settings is None:
+            return "?"
+        changed = InferenceSettings.from_json(self.settings)
+        return "defaults" if changed.key == DEFAULT_KEY else changed.describe()
 
     @property
     def images_per_s(self) -> float:
@@ -115,4 +134,5 @@ def job_status(
         closed_reason=job.closed_reason,
         unreadable_count=job.unreadable_count or 0,
         unreadable_folders=list(job.unreadable_folders or []),
+        settings=dict(job.settings) if job.settings is not None else None,
     )

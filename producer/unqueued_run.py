@@ -14,6 +14,7 @@ from db.jobs_repo import get_or_create_model, latest_model_at
 from db.models import ModelRecord
 from db.retry import in_transaction
 from db.schedules_repo import RunKey, claim_run
+from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.modelfile import file_sha256, read_embedded_meta
 
 
@@ -32,6 +33,7 @@ def record_unqueued_run(
     pool: str,
     batch_size: int,
     reason: str,
+    settings: InferenceSettings = DEFAULTS,
 ) -> int | None:
     """The run's job, made and closed at once with `reason`; its id. model_file is the usable model file,
     None when it is missing or no model: the run is then recorded under the newest model row made at that
@@ -53,7 +55,13 @@ def record_unqueued_run(
             return False, None
         roots_text = [str(r) for r in roots]
         job_id = claim_run(
-            session, run_key, model_id=model.id, roots=roots_text, pool=pool, batch_size=batch_size
+            session,
+            run_key,
+            model_id=model.id,
+            roots=roots_text,
+            pool=pool,
+            batch_size=batch_size,
+            settings=settings,
         )
         if job_id is None:
             return True, None

@@ -1,4 +1,7 @@
-"""Layout rules `make lint` adds to ruff, mypy and import-linter: module size, docstrings, real packages."""
+"""Layout rules `make lint` adds to ruff, mypy and import-linter: docstrings, real packages.
+
+There is no line cap: one concept is one module however long it reads (shared/STYLE.md, cohesion over
+size); a cap of 300 lines had split concepts across modules that must be read together (issue 42)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo", "bench")
-MAX_LINES = 300
 # Alembic revision files are data more than modules: their size follows the schema change.
 EXEMPT_PARTS = ("migrations",)
 
 
 def problems(root: Path = ROOT) -> list[str]:
-    """Modules over MAX_LINES lines or without a docstring, and folders of modules without __init__.py."""
+    """Modules without a docstring, and folders of modules without __init__.py."""
     found: list[str] = []
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
@@ -25,9 +27,6 @@ def problems(root: Path = ROOT) -> list[str]:
                 found.append(f"{path.parent.relative_to(root)}: no __init__.py")
             text = path.read_text(encoding="utf-8")
             name = path.relative_to(root)
-            lines = text.count("\n")
-            if lines > MAX_LINES:
-                found.append(f"{name}: {lines} lines, over {MAX_LINES}: split it by job")
             if not ast.get_docstring(ast.parse(text)):
                 found.append(f"{name}: no module docstring saying what it is for")
     return sorted(set(found))

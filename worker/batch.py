@@ -219,7 +219,7 @@ def _run_batch(
 
     try:
         try:
-            model = runtime.model_for(job.model_sha256, job.model_path)
+            model = runtime.model_for(job.model_sha256, job.model_path, job.settings)
         except ModelLoadError as exc:
             write(
                 [
@@ -228,11 +228,12 @@ def _run_batch(
                 ]
             )
             return report
-        write(detect_images(runtime, model, _pending(start.fresh), job.roots))
+        fast = (job.settings or runtime.own_settings).fast_decode
+        write(detect_images(runtime, model, _pending(start.fresh), job.roots, fast_decode=fast))
         # Not an image that killed a process before: a backup's death is counted in no image's attempts.
         firsts = [i for i in view.held if i.attempts == 1] if backup else []
         if firsts:
-            raced = detect_images(runtime, model, _pending(firsts), job.roots)
+            raced = detect_images(runtime, model, _pending(firsts), job.roots, fast_decode=fast)
             report.skipped -= len(raced)  # counted as taken by another process above; count() recounts
             write(raced)
         for suspect in suspects:
@@ -241,7 +242,7 @@ def _run_batch(
                 report.skipped += 1
                 continue
             claimed.append(suspect.id)
-            write(detect_images(runtime, model, _pending([suspect]), job.roots))
+            write(detect_images(runtime, model, _pending([suspect]), job.roots, fast_decode=fast))
     except SoftTimeLimitExceeded as exc:
         # Keep what is finished; run_batch decides what becomes of the rest (worker.time_limit).
         detection = exc if isinstance(exc, DetectionTimedOut) else None

@@ -44,9 +44,15 @@ class _OnNow:
 
 
 def prepare_image(
-    runtime: WorkerRuntime, model: LoadedModel, image: PendingImage, roots: Sequence[str]
+    runtime: WorkerRuntime,
+    model: LoadedModel,
+    image: PendingImage,
+    roots: Sequence[str],
+    *,
+    fast_decode: bool = False,
 ) -> DecodedImage | ImageResult:
-    """Decode one image or say why it ends here (rejected by policy, or failed with a reason)."""
+    """Decode one image or say why it ends here (rejected by policy, or failed with a reason); with
+    fast_decode (a job's setting), a JPEG at a reduced DCT scale near the model's input."""
     settings = runtime.settings
     try:
         if not 0 <= image.root_index < len(roots):
@@ -54,7 +60,7 @@ def prepare_image(
         with open_confined(image.path, roots[image.root_index], runtime.allowed_roots) as opened:
             return decode_image(
                 opened.handle,
-                target_size=model.decode_target if settings.fast_decode else None,
+                target_size=model.decode_target if fast_decode else None,
                 max_pixels=settings.max_image_pixels,
                 max_bytes=settings.max_file_bytes,
                 jpeg=exact_jpeg_decoder(),
@@ -96,9 +102,14 @@ def ready(model: LoadedModel, image: PendingImage, decoded: DecodedImage) -> Rea
 
 
 def detect_images(
-    runtime: WorkerRuntime, model: LoadedModel, images: Sequence[PendingImage], roots: Sequence[str]
+    runtime: WorkerRuntime,
+    model: LoadedModel,
+    images: Sequence[PendingImage],
+    roots: Sequence[str],
+    *,
+    fast_decode: bool = False,
 ) -> list[ImageResult]:
-    """Results for every image given, good or bad, in input order.
+    """Results for every image given, good or bad, in input order (fast_decode: prepare_image's).
 
     Each image is decoded and shrunk to the model's input (ready), with decode threads (where there are
     several) a micro-batch ahead in the background while the model runs on the one already prepared
@@ -114,7 +125,7 @@ def detect_images(
     def prepare(image: PendingImage) -> tuple[Ready | ImageResult, float]:
         log.debug("detq: pid %d starts image %d: %s", os.getpid(), image.id, image.path)
         began = time.perf_counter()
-        decoded = prepare_image(runtime, model, image, roots)
+        decoded = prepare_image(runtime, model, image, roots, fast_decode=fast_decode)
         prepared = decoded if isinstance(decoded, ImageResult) else ready(model, image, decoded)
         return prepared, (time.perf_counter() - began) * 1000
 

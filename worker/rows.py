@@ -20,10 +20,14 @@ def to_detection_rows(
     meta: ModelMeta,
     score_threshold: float | None,
 ) -> tuple[DetectionRow, ...]:
-    """Scale boxes to original pixels, clamp them to the image, drop low scores, sort by score."""
+    """Scale boxes to original pixels, clamp them to the image, drop low scores and classes not kept
+    (meta.keep_classes), sort by score."""
     keep = torch.isfinite(raw.boxes).all(dim=1).logical_and_(torch.isfinite(raw.scores))
     if score_threshold is not None:
         keep.logical_and_(raw.scores >= score_threshold)
+    kept_ids = meta.kept_label_ids
+    if kept_ids is not None:
+        keep.logical_and_(torch.isin(raw.labels, torch.tensor(sorted(kept_ids), dtype=raw.labels.dtype)))
     scores = raw.scores[keep]
     order = torch.argsort(scores, descending=True, stable=True)
     # One index into the kept rows, in score order: the boxes, labels and scores gathered once each.

@@ -7,18 +7,20 @@ import os
 import socket
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from db.clock import LedgerClock
 from db.jobs_repo import JobModel
 from db.ledger import Ledger
+from detq.inference_settings import InferenceSettings
 from detq.settings import Settings
 from worker.heartbeat import Heartbeat, ProcessStats
 from worker.idle_memory import IdleTrim
 from worker.metrics import ProcessMetrics
+from worker.models.formats import adapter_for
 from worker.models.loading import LoadedModel, ModelLoadError, load_model_for_device
-from worker.models.metadata import MetaOverrides, parse_input_size
+from worker.models.metadata import MetaOverrides
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ class WorkerRuntime:
     device: str
     default_model: LoadedModel
     worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    models: OrderedDict[str, LoadedModel] = field(default_factory=OrderedDict)
+    # By sha256 and the settings a load fixes (load_key): the default model's first.
+    models: OrderedDict[tuple[object, ...], LoadedModel] = field(default_factory=OrderedDict)
     # What batches need of their jobs (roots, model, pool), read once: a job's are never changed.
     jobs: OrderedDict[int, JobModel] = field(default_factory=OrderedDict)
     # Jobs whose started_at this process has set, or seen set by its claim (at most MAX_CACHED_JOBS).
@@ -54,37 +57,50 @@ class WorkerRuntime:
 
     # DETQ_ALLOWED_ROOTS resolved once, at start: one replaced by a symlink later does not move.
     allowed_roots: list[Path] = field(default_factory=list)
+    # This worker's own inference settings: a job made before jobs had settings runs with them.
+    own_settings: InferenceSettings = field(init=False)
 
     def __post_init__(self) -> None:
-        self.models[self.default_model.sha256] = self.default_model
+        self.own_settings = InferenceSettings.from_settings(self.settings)
+        self.models[(self.default_model.sha256, *load_key(self.own_settings))] = self.default_model
         if not self.allowed_roots:
             self.allowed_roots = self.settings.allowed_root_paths
 
-    def model_for(self, sha256: str, path: str) -> LoadedModel:
-        """The model with this sha256, loading it once from `path` when a job names another model."""
+    def model_for(self, sha256: str, path: str, settings: InferenceSettings | None = None) -> LoadedModel:
+        """The model with this sha256 answering as a job's settings ask (None: as this worker's settings
+        say, for a job made before jobs had settings). Loaded once from `path` per format, input size and
+        precision (the settings a load fixes); thresholds and classes need no load (answering)."""
+        wanted = settings or self.own_settings
         pinned = self.settings.model_sha256
         if pinned and sha256 != pinned:
             raise ModelLoadError(
                 f"job's model {sha256[:12]} is not the one DETQ_MODEL_SHA256 pins ({pinned[:12]})"
             )
-        cached = self.models.get(sha256)
-        if cached is not None:
-            self.models.move_to_end(sha256)
-            return cached
-        candidate = Path(path)
+        key = (sha256, *load_key(wanted))
+        cached = self.models.get(key)
+        if cached is None:
+            cached = self._load(key, Path(path), wanted)
+        self.models.move_to_end(key)
+        return answering(cached, wanted)
+
+    def _load(self, key: tuple[object, ...], candidate: Path, settings: InferenceSettings) -> LoadedModel:
+        sha256 = str(key[0])
         if not candidate.is_file():
             raise ModelLoadError(
-                f"job's model {sha256[:12]} ({path}) is not on host {socket.gethostname()}; "
+                f"job's model {sha256[:12]} ({candidate}) is not on host {socket.gethostname()}; "
                 "copy it there or run this job on workers that have it"
             )
-        loaded = load_configured(self.settings, candidate, self.device)
+        loaded = load_configured(self.settings, candidate, self.device, settings_of_job=settings)
         if loaded.sha256 != sha256:
-            raise ModelLoadError(f"{path} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}")
+            raise ModelLoadError(
+                f"{candidate} has sha256 {loaded.sha256[:12]}, but the job names {sha256[:12]}"
+            )
         self.model_loads += 1
-        self.models[sha256] = loaded
+        self.models[key] = loaded
+        default = (self.default_model.sha256, *load_key(self.own_settings))
         while len(self.models) > MAX_CACHED_MODELS:
             oldest = next(iter(self.models))
-            if oldest == self.default_model.sha256:
+            if oldest == default:
                 self.models.move_to_end(oldest)
                 oldest = next(iter(self.models))
             del self.models[oldest]
@@ -117,30 +133,48 @@ class WorkerRuntime:
         self.ledger.close()
 
 
-def load_configured(settings: Settings, path: Path, device: str, sha256: str | None = None) -> LoadedModel:
-    """A model loaded as these settings ask: metadata overrides, DETQ_CPU_OPTIMIZE, DETQ_CPU_CHANNELS_LAST,
-    DETQ_CPU_SAMPLED_RESIZE,
-    DETQ_CPU_SELECTED_DETECTIONS and DETQ_PRECISION."""
+def load_configured(
+    settings: Settings,
+    path: Path,
+    device: str,
+    sha256: str | None = None,
+    *,
+    settings_of_job: InferenceSettings | None = None,
+) -> LoadedModel:
+    """A model loaded at a job's format, input size and precision (settings_of_job; this worker's own
+    where None), and as this worker's settings ask of a load: DETQ_CPU_OPTIMIZE, DETQ_CPU_CHANNELS_LAST,
+    DETQ_CPU_SAMPLED_RESIZE, DETQ_CPU_SELECTED_DETECTIONS, DETQ_MICRO_BATCH. Its thresholds are the
+    model's own until answering applies a job's."""
+    inference = settings_of_job or InferenceSettings.from_settings(settings)
     return load_model_for_device(
         path,
         device,
         sha256=sha256,
-        overrides=meta_overrides(settings),
+        overrides=MetaOverrides(format=inference.model_format, input_size=inference.input_size),
         cpu_optimize=settings.cpu_optimize,
         channels_last=settings.cpu_channels_last,
         sampled_resize=settings.cpu_sampled_resize,
         selected_detections=settings.cpu_selected_detections,
-        precision=settings.precision,
+        precision=inference.precision,
         micro_batch=settings.micro_batch,
     )
 
 
-def meta_overrides(settings: Settings) -> MetaOverrides:
-    """Model metadata that settings (DETQ_MODEL_FORMAT, DETQ_INPUT_SIZE, ...) override."""
-    return MetaOverrides(
-        format=settings.model_format,
-        input_size=parse_input_size(settings.input_size),
-        score_threshold=settings.score_threshold,
-        iou_threshold=settings.iou_threshold,
-        max_detections=settings.max_detections,
-    )
+def load_key(settings: InferenceSettings) -> tuple[object, ...]:
+    """What of a job's settings a load fixes: the model's format, input size and precision."""
+    return (settings.model_format, settings.input_size, settings.precision)
+
+
+def answering(model: LoadedModel, settings: InferenceSettings) -> LoadedModel:
+    """The loaded model answering as these settings ask: their score and IoU thresholds, detections kept
+    per image and classes, over the model's own (no load: the meta its format reads them from)."""
+    changes: dict[str, object] = {"keep_classes": settings.classes}
+    for name in ("score_threshold", "iou_threshold", "max_detections"):
+        value = getattr(settings, name)
+        if value is not None:
+            changes[name] = value
+    meta = model.meta.model_copy(update=changes)
+    if meta == model.meta:
+        return model
+    adapter = adapter_for(meta) if meta.fixed_input else model.adapter
+    return replace(model, meta=meta, adapter=adapter)

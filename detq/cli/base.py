@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -71,3 +72,51 @@ def load_settings() -> Settings:
 def examples(*lines: str) -> str:
     """An epilog of example command lines, kept as written by click's help formatter."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def inference_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--conf, --classes, --imgsz and --force: the settings a job's results are made with, and a run of
+    every file whatever earlier runs at the same settings did."""
+    options = [
+        click.option(
+            "--conf",
+            type=click.FloatRange(0.0, 1.0),
+            help="Keep detections scoring at least this (default: DETQ_SCORE_THRESHOLD, else the model's).",
+        ),
+        click.option(
+            "--classes",
+            metavar="NAMES",
+            help="Keep only these classes: names or label ids, comma-separated (default: DETQ_CLASSES, all).",
+        ),
+        click.option(
+            "--imgsz",
+            metavar="H,W",
+            help="Input size of a fixed-input model, one number for a square (default: DETQ_INPUT_SIZE).",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Run every file again, even those done before by this model at these settings.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def with_inference_flags(
+    settings: Settings, conf: float | None, classes: str | None, imgsz: str | None
+) -> Settings:
+    """The settings with the flags given folded in, each checked as its DETQ_* variable is."""
+    updates: dict[str, Any] = {}
+    if conf is not None:
+        updates["score_threshold"] = conf
+    if classes is not None:
+        updates["classes"] = classes
+    if imgsz is not None:
+        updates["input_size"] = imgsz
+    try:
+        return settings.replace(**updates) if updates else settings
+    except SettingsError as exc:
+        message = str(exc).replace("DETQ_SCORE_THRESHOLD", "--conf").replace("DETQ_CLASSES", "--classes")
+        raise click.UsageError(message.replace("DETQ_INPUT_SIZE", "--imgsz")) from None

@@ -12,10 +12,11 @@ from db.job_counts_repo import job_counts
 from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
-from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
 from detq.cli.following import follow, no_worker_hint
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.inference_settings import InferenceSettings
 from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import PASSES, export_job
@@ -44,6 +45,7 @@ def _scan_progress(images: int, batches: int) -> None:
         "detq enqueue /data/images --wait",
         "detq enqueue /mnt/cam1 /mnt/cam2 --pool gpu --batch-size 32 --json",
         "detq enqueue /data/images --only-new --model /models/detector.pt",
+        "detq enqueue /data/images --conf 0.5 --classes person,car --wait",
     ),
 )
 @click.argument("folders", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="DIR...")
@@ -70,6 +72,7 @@ def _scan_progress(images: int, batches: int) -> None:
     is_flag=True,
     help="Only images new or changed since this model processed them, and failures up to DETQ_MAX_RETRIES.",
 )
+@inference_options
 @WAIT_OPTION
 @TIMEOUT_OPTION
 @JSON_OPTION
@@ -80,16 +83,24 @@ def enqueue(
     batch_size: int | None,
     no_recursive: bool,
     only_new: bool,
+    conf: float | None,
+    classes: str | None,
+    imgsz: str | None,
+    force: bool,
     wait: bool,
     timeout: float | None,
     as_json: bool,
 ) -> None:
     """Scan folders and queue their images as a job.
 
-    Prints the job id; --wait follows it to the end (exit 0: every image done, 4: finished with failures,
-    5: timed out), --json prints one object.
+    The job records its inference settings (--conf, --classes, --imgsz, else DETQ_*); with --only-new,
+    files done before by this model at other settings are new work. Prints the job id; --wait follows it
+    to the end (exit 0: every image done, 4: finished with failures, 5: timed out), --json prints one
+    object.
     """
-    settings = load_settings()
+    if force and only_new:
+        raise click.UsageError("--force runs every file, --only-new only those not done: give one")
+    settings = with_inference_flags(load_settings(), conf, classes, imgsz)
     show_scan = sys.stderr.isatty() and not as_json
     with ledger(settings) as led:
         result = enqueue_folders(
@@ -106,6 +117,7 @@ def enqueue(
             max_retries=settings.max_retries,
             heartbeat_s=settings.heartbeat_interval_s,
             worker_timeout_s=settings.worker_timeout,
+            settings=InferenceSettings.from_settings(settings),
         )
         if show_scan:
             click.echo("\r\x1b[2K", err=True, nl=False)
@@ -176,6 +188,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         click.echo(render_line(current, rate=None))
         roots = ", ".join(current.roots)
         click.echo(f"detections {current.detections}, elapsed {time_taken(current)}, roots {roots}")
+        click.echo(f"settings: {current.settings_line}")
         if current.closed_reason:
             click.echo(f"closed early: {current.closed_reason}")
         if (unread := current.unreadable_line()) is not None:
@@ -205,7 +218,18 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     if not statuses:
         click.echo("no jobs yet")
         return
-    headers = ("job", "state", "finished", "total", "failed", "rejected", "pool", "created", "root")
+    headers = (
+        "job",
+        "state",
+        "finished",
+        "total",
+        "failed",
+        "rejected",
+        "pool",
+        "settings",
+        "created",
+        "root",
+    )
     rows = [
         (
             s.job_id,
@@ -215,6 +239,7 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
             s.failed,
             s.rejected,
             s.pool,
+            s.settings_words,
             s.created_at[:19],
             s.roots[0] + (f" (+{len(s.roots) - 1})" if len(s.roots) > 1 else ""),
         )

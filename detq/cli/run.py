@@ -12,10 +12,11 @@ from db.jobs_repo import delete_job, get_or_create_model
 from db.ledger import Ledger, ledger
 from db.models import ModelRecord
 from detq.celery_app import make_celery_app
-from detq.cli.base import DetqCommand, examples, load_settings
+from detq.cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
 from detq.cli.following import follow
 from detq.cli.output import print_json
 from detq.host import usable_cores
+from detq.inference_settings import InferenceSettings
 from detq.modelfile import file_sha256, read_embedded_meta
 from detq.settings import Settings
 from detq.vocabulary import Pool, WorkerPool
@@ -34,6 +35,7 @@ EXIT_INTERRUPTED = 130
     epilog=examples(
         "detq run ~/photos/2026-11-30",
         "detq run /data/cam1 /data/cam2 --model detector.pt --out results --save-images",
+        "detq run ~/photos --conf 0.5 --classes person,dog",
         "DETQ_BROKER_URL=redis://queue:6379/0 detq run /mnt/images --pool gpu   # on a fleet",
     ),
 )
@@ -71,6 +73,7 @@ EXIT_INTERRUPTED = 130
 @click.option(
     "--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Give up after this."
 )
+@inference_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of text.")
 def run(
     folders: tuple[Path, ...],
@@ -81,16 +84,22 @@ def run(
     pool: str,
     local_workers: bool | None,
     timeout: float | None,
+    conf: float | None,
+    classes: str | None,
+    imgsz: str | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Run the model over folders here and write the results to a folder.
 
-    Starts the workers it needs, queues what is not done yet, shows progress, and writes one line per
-    image, COCO results and, with --save-images, annotated copies. Ctrl-C stops the workers cleanly;
-    the same command again resumes. Exit 0: every image done, 4: finished with failures, 5: timed out.
+    Starts the workers it needs, queues what is not done yet by this model at these settings (--conf,
+    --classes, --imgsz; --force: every file), shows progress, and writes one line per image, COCO results
+    and, with --save-images, annotated copies. Ctrl-C stops the workers cleanly; the same command again
+    resumes. Exit 0: every image done, 4: finished with failures, 5: timed out.
     """
-    settings = load_settings()
+    settings = with_inference_flags(load_settings(), conf, classes, imgsz)
     settings = settings.replace(model=check_model_file(model or settings.model))
+    inference = InferenceSettings.from_settings(settings)
     roots = check_roots(folders, settings.allowed_root_paths)
     if save_images:
         check_copies_folder(out, roots)
@@ -109,7 +118,7 @@ def run(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
                 helpers.start()  # they load the model while the folders are scanned
-            queued = _queue(led, settings, (model_id, sha256), roots, Pool(pool), as_json)
+            queued = _queue(led, settings, (model_id, sha256, inference), roots, Pool(pool), (force, as_json))
             unread = queued.unreadable
             if queued.needs_workers and helpers is not None:
                 helpers.wait_ready()
@@ -126,7 +135,9 @@ def run(
                 helpers.stop()
         with led.reads() as session:
             record = session.get_one(ModelRecord, model_id)
-            written = write_results(session, record, [str(r) for r in roots], out, save_images=save_images)
+            written = write_results(
+                session, (record, inference.key), [str(r) for r in roots], out, save_images=save_images
+            )
     if as_json:
         print_json(
             {
@@ -174,17 +185,19 @@ class Queued(NamedTuple):
 def _queue(
     led: Ledger,
     settings: Settings,
-    model: tuple[int, str],
+    model: tuple[int, str, InferenceSettings],
     roots: list[Path],
     pool: Pool,
-    quiet: bool,
+    flags: tuple[bool, bool],
 ) -> Queued:
-    """Send again what earlier runs over these folders left unsent, and queue what is new."""
-    model_id, sha256 = model
+    """Send again what earlier runs over these folders at these settings left unsent, and queue what is
+    new (every file, with force)."""
+    model_id, sha256, inference = model
+    force, quiet = flags
     app = make_celery_app(settings)
     try:
         with led.reads() as session:
-            earlier = jobs_over_roots(session, model_id, [str(r) for r in roots])
+            earlier = jobs_over_roots(session, model_id, inference.key, [str(r) for r in roots])
             unfinished = [job.id for job in earlier if job.finished_at is None]
         for job_id in unfinished:
             reconcile(led, app, settings, job_id=job_id, grace_s=0)  # send again what a stop left unsent
@@ -198,11 +211,12 @@ def _queue(
             pool=pool,
             batch_size=settings.batch_size,
             allowed_roots=settings.allowed_root_paths,
-            only_new=True,
+            only_new=not force,
             max_retries=settings.max_retries,
             heartbeat_s=settings.heartbeat_interval_s,
             worker_timeout_s=settings.worker_timeout,
             model_sha256=sha256,
+            settings=inference,
         )
     finally:
         app.close()
@@ -212,7 +226,7 @@ def _queue(
         skipped = new.counts.skipped if new.counts is not None else 0
         click.echo(
             f"nothing new to queue: {skipped} images found, none new or changed since this model's"
-            " earlier runs",
+            f" earlier runs at these settings ({inference.describe()}; --force runs them again)",
             err=True,
         )
     # A new job of names refused at the scan only (rejected at once), or whose scan left folders unread, is

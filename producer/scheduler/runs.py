@@ -12,6 +12,7 @@ from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.schedules_repo import RunCounts, RunKey
+from detq.inference_settings import DEFAULTS, InferenceSettings
 from producer.enqueue import enqueue_folders
 from producer.scheduler.schedules import Schedule
 from producer.unqueued_run import RunAlreadyClaimed
@@ -29,6 +30,7 @@ class RunDefaults:
     allowed_roots: Sequence[Path] = ()
     heartbeat_s: float = 5.0
     worker_timeout_s: float | None = None  # the live fleet the last batches taper for (None: no taper)
+    settings: InferenceSettings = DEFAULTS  # what its runs' results are made with (the scheduler's DETQ_*)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ def run_schedule(
             run_key=key,
             heartbeat_s=defaults.heartbeat_s,
             worker_timeout_s=defaults.worker_timeout_s,
+            settings=defaults.settings,
         )
     except RunAlreadyClaimed:
         log.info("detq scheduler: %s for %s already ran; nothing sent", key.schedule_name, key.scheduled_for)

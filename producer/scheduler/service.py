@@ -19,6 +19,7 @@ from db.clock import measured_clock
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUE_CONTROL
+from detq.inference_settings import InferenceSettings
 from detq.settings import Settings
 from dispatch.leadership import Leadership
 from dispatch.service import ReconcilerLoop
@@ -55,6 +56,7 @@ def _serve(
         allowed_roots=settings.allowed_root_paths,
         heartbeat_s=settings.heartbeat_interval_s,
         worker_timeout_s=settings.worker_timeout,
+        settings=InferenceSettings.from_settings(settings),
     )
     # One engine: the beat thread and the control task each check out their own pooled connection.
     register_control_task(app, make_run_handler(sessions, app, schedules, defaults))

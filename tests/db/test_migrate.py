@@ -24,10 +24,11 @@ from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results
 from db.jobs_repo import get_or_create_model
 from db.migrate import SchemaError, ensure_schema, head_revision, make_config, script_head, upgrade
 from db.models import Base, utcnow
+from detq.inference_settings import DEFAULT_KEY
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0007"
+HEAD = "0008"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -413,3 +414,29 @@ def test_an_existing_embedded_ledger_says_it_is_upgrading_and_a_new_one_does_not
     assert revision_of(old) == revision_of(new) == HEAD
     warnings = [r.getMessage() for r in caplog.records if r.name == "db.migrate"]
     assert warnings == [f"detq: upgrading the ledger {tmp_path / 'old.db'} from 0005 to {HEAD}"]
+
+
+def test_0008_gives_jobs_their_settings_and_earlier_jobs_the_defaults_key(database_url: str) -> None:
+    # Given a ledger at 0007 with a job and its image
+    engine = make_engine(database_url)
+    try:
+        _ledger_with_detections(engine, "0007", boxes=1)
+        before = _image_rows(engine)
+        # When it is upgraded to 0008
+        upgrade(engine, "0008")
+        engine.dispose()
+        # Then the job's settings are unknown and its key is the defaults' (its earlier results count as
+        # done for an incremental run at the defaults), and the tables are as the models say
+        with engine.connect() as conn:
+            found = conn.execute(sa.text("SELECT settings, settings_key FROM jobs")).all()
+        assert found == [(None, DEFAULT_KEY)]
+        assert _image_rows(engine) == before
+        assert _differences_of(database_url, "jobs") == []
+        # And a downgrade drops them, keeping the rows
+        command.downgrade(make_config(database_url), "0007")
+        engine.dispose()
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+        assert not {"settings", "settings_key"} & columns
+        assert _image_rows(engine) == before
+    finally:
+        engine.dispose()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,46 @@ def test_run_over_names_it_must_refuse_ends_rejected_without_waiting_for_workers
     (row,) = _done_lines(out)
     assert row["status"] == "rejected" and "not valid UTF-8" in str(row["reason"])
     assert "ready on" not in (out / "worker.log").read_text()
+
+
+def test_a_changed_threshold_is_new_work_and_force_runs_it_again(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    from demo.shapes import write_dataset
+
+    # Given a folder of shapes (the bundled demo model scores them from about 0.05 to 0.99)
+    write_dataset(tmp_path / "in", 12, seed=3)
+    out = tmp_path / "results"
+
+    def run(*flags: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+        done = subprocess.run(
+            [*DETQ, "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", *flags],
+            env=embedded.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        return done, _done_lines(out)
+
+    # When it runs at --conf 0.3, then at --conf 0.7
+    _, loose = run("--conf", "0.3")
+    second, strict = run("--conf", "0.7")
+    # Then the second run is new work, not "nothing new", and its results are those of 0.7
+    assert "nothing new" not in second.stderr
+    loose_scores = [d["score"] for r in loose for d in r["detections"]]  # type: ignore[attr-defined]
+    strict_scores = [d["score"] for r in strict for d in r["detections"]]  # type: ignore[attr-defined]
+    assert min(loose_scores) >= 0.3 and min(strict_scores) >= 0.7
+    assert sorted(s for s in loose_scores if s >= 0.7) == sorted(strict_scores)
+    assert len(strict_scores) < len(loose_scores)
+    # And 0.3 once more is nothing new, its results the first run's; --force runs every image again
+    third, again = run("--conf", "0.3")
+    assert "nothing new to queue: 12 images found" in third.stderr and "conf 0.3" in third.stderr
+    assert again == loose
+    _, forced = run("--conf", "0.3", "--force")
+    assert {r["job_id"] for r in forced} != {r["job_id"] for r in loose}
+    assert sorted(d["score"] for r in forced for d in r["detections"]) == sorted(loose_scores)  # type: ignore[attr-defined]
+    # And the job says what it was run with
+    status = embedded.run_json("status")
+    assert status["settings"]["score_threshold"] == 0.3
+    assert "settings: conf 0.3" in embedded.run("status").stdout

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db.history_repo import PastOutcome
 from db.images_repo import ImageResult, NewImage, insert_images, record_results
 from db.jobs_repo import create_job, get_or_create_model
+from detq.inference_settings import DEFAULT_KEY, InferenceSettings
 from detq.vocabulary import ImageStatus, Pool
 from producer.incremental import Decision, Tally, decide, select_files
 from producer.scan import ScannedFile
@@ -68,7 +69,7 @@ def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session
     tally = Tally()
     with factory() as session:
         # When model A scans a, b, c, the new d and a touched a
-        selected = select_files(session, model_a, scanned, 2, tally)
+        selected = select_files(session, (model_a, DEFAULT_KEY), scanned, 2, tally)
         # Then b is retried, d is new, the touched a changed; a and c are skipped
         assert [(f.path, f.mtime) for f in selected] == [
             ("/d/b.png", 5.0),
@@ -78,8 +79,13 @@ def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session
         assert (tally.new, tally.changed, tally.retried, tally.skipped) == (1, 1, 1, 2)
         # And a new model processes everything again
         fresh = Tally()
-        assert len(select_files(session, model_b, scanned, 2, fresh)) == len(scanned)
+        assert len(select_files(session, (model_b, DEFAULT_KEY), scanned, 2, fresh)) == len(scanned)
         assert fresh.new == len(scanned)
+        # And so does the same model at another score threshold: its results would differ
+        other = Tally()
+        stricter = InferenceSettings(score_threshold=0.7).key
+        assert len(select_files(session, (model_a, stricter), scanned, 2, other)) == len(scanned)
+        assert other.new == len(scanned)
 
 
 def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_path: Path) -> None:
@@ -111,3 +117,46 @@ def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_pat
     assert (plain.total, plain.counts) == (3, None)
     # And four batch messages wait in the broker, each under its batch's task id
     assert len(read_broker(app, settings).queued) == first.batches + plain.batches == 4
+
+
+def test_only_new_at_other_settings_is_new_work_and_the_job_records_them(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    from demo.shapes import write_dataset
+    from detq.celery_app import make_celery_app
+    from detq.settings import Settings
+    from producer.enqueue import EnqueueError, enqueue_folders
+    from producer.status import job_status
+
+    write_dataset(tmp_path / "imgs", 3, seed=1)
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
+    model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+
+    def enqueue(settings: InferenceSettings) -> int:
+        result = enqueue_folders(
+            factory,
+            app,
+            roots=[tmp_path / "imgs"],
+            model_path=model,
+            pool=Pool.ANY,
+            batch_size=2,
+            only_new=True,
+            settings=settings,
+        )
+        return result.total
+
+    loose, strict = InferenceSettings(score_threshold=0.3), InferenceSettings(score_threshold=0.7)
+    # Given a folder queued --only-new at a score threshold of 0.3
+    assert enqueue(loose) == 3
+    # When it is queued again at 0.7, then at 0.3 once more
+    # Then 0.7 is new work for every file, and 0.3 is nothing new
+    assert enqueue(strict) == 3
+    assert enqueue(loose) == 0
+    # And the jobs record their settings, as detq status shows them
+    with factory() as session:
+        shown = [job_status(session, job_id) for job_id in (1, 2)]
+    assert [s.settings_line for s in shown] == ["conf 0.3", "conf 0.7"]
+    assert shown[0].settings == loose.to_json()
+    # And a class the model does not have is refused before any job is made (the demo model names its)
+    with pytest.raises(EnqueueError, match="has no class 'circel'; its classes are: circle, square"):
+        enqueue(InferenceSettings(classes=("circel",)))

@@ -14,6 +14,7 @@ from db.images_repo import ImageResult, NewImage, finalise_results, insert_image
 from db.jobs_repo import create_job, get_or_create_model
 from db.models import ModelRecord
 from detq.errors import DetqError
+from detq.inference_settings import DEFAULT_KEY
 from detq.vocabulary import ImageStatus
 from producer.results import AnnotatedCopies, check_copies_folder, write_results
 from tests.ledger_support import done_results
@@ -51,7 +52,7 @@ def test_results_hold_each_paths_latest_row_and_the_files_agree(
     # When the results are written, with annotated copies
     with factory() as session:
         record = session.get_one(ModelRecord, model.id)
-        written = write_results(session, record, [str(root)], out, save_images=True)
+        written = write_results(session, (record, DEFAULT_KEY), [str(root)], out, save_images=True)
     # Then each path has one line, in path order: the newest finished row (b from the second run, c from
     # the first: its second row is still pending)
     lines = [json.loads(line) for line in (out / "detections.jsonl").read_text().splitlines()]
@@ -93,7 +94,7 @@ def test_annotated_copies_keep_the_folders_layout_and_never_overwrite_each_other
     # When the results are written with annotated copies
     with factory() as session:
         written = write_results(
-            session, session.get_one(ModelRecord, model.id), [str(root)], out, save_images=True
+            session, (session.get_one(ModelRecord, model.id), DEFAULT_KEY), [str(root)], out, save_images=True
         )
     # Then there are four copies, each at its image's path under images/, in its format, with its pixels
     assert written.annotated == 4

@@ -13,11 +13,12 @@ from db.images_repo import NewImage, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import open_ledger
 from db.models import Image
+from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.modelfile import file_sha256
 from detq.settings import Settings
 from detq.vocabulary import Pool
 from tests.support import save_fixed_box_model
-from worker.models.loading import load_model_for_device
+from worker.models.loading import LoadedModel, load_model_for_device
 from worker.runtime import WorkerRuntime
 
 
@@ -34,6 +35,12 @@ def ledger_rows(runtime: WorkerRuntime, job_id: int) -> dict[int, Image]:
     """The job's image rows as the ledger has them now, by id."""
     with runtime.ledger.sessions() as session:
         return {i.id: i for i in session.scalars(select(Image).where(Image.job_id == job_id))}
+
+
+def swap_default_model(runtime: WorkerRuntime, model: LoadedModel) -> None:
+    """Run the default model's jobs with `model` instead (a wrapped or scripted stand-in)."""
+    (key,) = [k for k, v in runtime.models.items() if v is runtime.default_model]
+    runtime.models[key] = model
 
 
 @pytest.fixture()
@@ -61,7 +68,9 @@ def runtime(settings: Settings) -> Iterator[WorkerRuntime]:
 def stage(runtime: WorkerRuntime) -> Callable[..., Staged]:
     """Record a job over files of a root (enqueue's rows, without a broker)."""
 
-    def make(root: Path, names: list[str], model: Path | None = None) -> Staged:
+    def make(
+        root: Path, names: list[str], model: Path | None = None, settings: InferenceSettings = DEFAULTS
+    ) -> Staged:
         model_path = model or runtime.settings.model
         with runtime.ledger.sessions() as session, session.begin():
             record = get_or_create_model(
@@ -71,7 +80,14 @@ def stage(runtime: WorkerRuntime) -> Callable[..., Staged]:
                 size_bytes=model_path.stat().st_size,
                 meta={},
             )
-            job = create_job(session, model_id=record.id, roots=[str(root)], pool=Pool.CPU, batch_size=16)
+            job = create_job(
+                session,
+                model_id=record.id,
+                roots=[str(root)],
+                pool=Pool.CPU,
+                batch_size=16,
+                settings=settings,
+            )
             rows = [NewImage(str(root / name), 0, 0.0, 0) for name in names]
             ids = insert_images(session, job.id, rows)
             finish_enqueue(session, job.id, len(ids))

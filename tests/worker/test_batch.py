@@ -19,7 +19,7 @@ from db.models import Detection, Image, Job, utcnow
 from db.workers_repo import ROLE_PROCESS, WorkerIdentity, register_worker, set_current_batch
 from detq.vocabulary import ImageStatus
 from tests.support import write_corrupt_folder, write_jpeg
-from tests.worker.conftest import Staged, ledger_rows
+from tests.worker.conftest import Staged, ledger_rows, swap_default_model
 from worker.batch import process_batch
 from worker.heartbeat import host_key
 from worker.runtime import WorkerRuntime
@@ -126,9 +126,7 @@ def test_a_failing_forward_is_rerun_image_by_image_so_only_the_culprit_fails(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:
     # Given a model that fails on 13-pixel-wide images, and a micro-batch of four holding one of them
-    runtime.models[runtime.default_model.sha256] = replace(
-        runtime.default_model, module=_scripted(_FailsOnNarrowImages())
-    )
+    swap_default_model(runtime, replace(runtime.default_model, module=_scripted(_FailsOnNarrowImages())))
     names = ["w40.jpg", "w13.jpg", "w41.jpg", "w42.jpg", "w43.jpg"]
     for name in names:
         write_jpeg(tmp_path / name, (int(name[1:3]), 20))

@@ -32,12 +32,11 @@ def test_jpegs_are_decoded_in_full_unless_fast_decode_is_set(
     write_jpeg(tmp_path / "big.jpg", (2560, 1920))
     model = load_model_for_device(save_yolov8_like(tmp_path / "v8.torchscript"), "cpu")
     assert model.decode_target == (640, 640)
-    worker = replace(runtime, settings=runtime.settings.replace(fast_decode=fast))
     image = PendingImage(
         id=1, job_id=1, path=str(tmp_path / "big.jpg"), root_index=0, status=ImageStatus.PENDING
     )
-    # When the worker prepares it
-    prepared = prepare_image(worker, model, image, [str(tmp_path)])
+    # When the worker prepares it, for a job with fast decode or without
+    prepared = prepare_image(runtime, model, image, [str(tmp_path)], fast_decode=fast)
     # Then it is decoded whole by default (by OpenCV, to an array), at a reduced DCT scale with fast decode
     # (by Pillow); the original size is kept
     assert isinstance(prepared, DecodedImage)

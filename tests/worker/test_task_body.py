@@ -20,9 +20,10 @@ from sqlalchemy.exc import ProgrammingError
 from db.batches_repo import open_batches
 from db.models import Batch, Detection
 from detq.contract import BatchMessage
+from detq.inference_settings import InferenceSettings
 from detq.vocabulary import ImageStatus
 from tests.support import write_jpeg
-from tests.worker.conftest import Staged, ledger_rows
+from tests.worker.conftest import Staged, ledger_rows, swap_default_model
 from worker.batch import SOFT_LIMIT_REASON, BatchReport, process_batch
 from worker.metrics import ProcessMetrics
 from worker.models.loading import LoadedModel
@@ -49,7 +50,7 @@ class _SlowModel(torch.nn.Module):
 def _slow(runtime: WorkerRuntime, seconds: float) -> None:
     """Make the runtime's model slow, one image a forward."""
     model = runtime.default_model
-    runtime.models[model.sha256] = replace(model, module=_SlowModel(model.module, seconds), max_batch=1)
+    swap_default_model(runtime, replace(model, module=_SlowModel(model.module, seconds), max_batch=1))
 
 
 @contextmanager
@@ -183,9 +184,9 @@ def test_a_soft_time_limit_before_any_image_started_fails_the_batch_with_that_re
     # Given a model that takes longer to load than the limit allows
     loaded = runtime.model_for
 
-    def slow_load(sha256: str, path: str) -> LoadedModel:
+    def slow_load(sha256: str, path: str, settings: InferenceSettings | None) -> LoadedModel:
         time.sleep(2.0)
-        return loaded(sha256, path)
+        return loaded(sha256, path, settings)
 
     monkeypatch.setattr(runtime, "model_for", slow_load)
     job = stage(tmp_path, _images(tmp_path, 3))
@@ -221,7 +222,7 @@ def test_a_batch_failed_by_a_bug_records_its_error_in_one_short_line(
     sql = "UPDATE images SET status=%(status)s WHERE images.id = %(image_id)s" + " " * 400
     error = ProgrammingError(sql, {"image_id": 1}, Exception('prepared statement "_pg3_0" already exists'))
 
-    def broken(sha256: str, path: str) -> LoadedModel:
+    def broken(sha256: str, path: str, settings: InferenceSettings | None) -> LoadedModel:
         raise error
 
     monkeypatch.setattr(runtime, "model_for", broken)

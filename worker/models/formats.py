@@ -104,12 +104,13 @@ class FixedInputAdapter:
     def parse(self, output: Any, count: int) -> list[RawDetections]:
         pred = yolo_tensor(output).detach().to("cpu", torch.float32)
         conf, iou, max_det = self.meta.yolo_thresholds()
+        classes = self.meta.kept_label_ids
         if self.name == ModelFormat.YOLOV8:
-            parsed = decode_yolov8(pred, conf=conf, iou=iou, max_det=max_det)
+            parsed = decode_yolov8(pred, conf=conf, iou=iou, max_det=max_det, classes=classes)
         elif self.name == ModelFormat.YOLOV5:
-            parsed = decode_yolov5(pred, conf=conf, iou=iou, max_det=max_det)
+            parsed = decode_yolov5(pred, conf=conf, iou=iou, max_det=max_det, classes=classes)
         else:
-            parsed = decode_final_boxes(pred, conf=conf, max_det=max_det)
+            parsed = decode_final_boxes(pred, conf=conf, max_det=max_det, classes=classes)
         if len(parsed) != count:
             raise ModelOutputError(f"model returned {len(parsed)} results for a batch of {count}")
         return parsed

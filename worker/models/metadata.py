@@ -166,6 +166,8 @@ class ModelMeta(BaseModel):
     score_threshold: Threshold | None = None
     iou_threshold: Threshold | None = None
     max_detections: Count | None = None
+    # Detections of only these classes are kept (names, or label ids as text): a job's --classes.
+    keep_classes: tuple[Annotated[str, Strict()], ...] = ()
     name: Annotated[str, Strict()] | None = None
     source: str = "none"
 
@@ -179,6 +181,14 @@ class ModelMeta(BaseModel):
         if 0 <= label_id < len(self.classes):
             return self.classes[label_id]
         return str(label_id)
+
+    @property
+    def kept_label_ids(self) -> frozenset[int] | None:
+        """The label ids keep_classes names (by class name or by number); None: every class is kept."""
+        if not self.keep_classes:
+            return None
+        named = {index for index, name in enumerate(self.classes) if name in self.keep_classes}
+        return frozenset(named | {int(c) for c in self.keep_classes if c.isdigit()})
 
     def fixed_input_size(self) -> tuple[int, int]:
         """(height, width) fed to fixed-input models."""

@@ -32,11 +32,26 @@ def _xywh_to_xyxy(xywh: torch.Tensor) -> torch.Tensor:
     return torch.cat((xywh[:, 0:2] - half, xywh[:, 0:2] + half), dim=1)
 
 
+def _of_classes(labels: torch.Tensor, classes: frozenset[int] | None) -> torch.Tensor:
+    """Which labels are among classes (all where classes is None)."""
+    if classes is None:
+        return torch.ones_like(labels, dtype=torch.bool)
+    wanted = torch.tensor(sorted(classes), dtype=labels.dtype, device=labels.device)
+    return torch.isin(labels, wanted)
+
+
 def _nms(
-    boxes_xyxy: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, *, iou: float, max_det: int
+    boxes_xyxy: torch.Tensor,
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    iou: float,
+    max_det: int,
+    classes: frozenset[int] | None = None,
 ) -> RawDetections:
-    """Class-aware NMS over one image's candidates, best first, at most max_det, moved to the CPU."""
-    finite = torch.isfinite(boxes_xyxy).all(dim=1) & torch.isfinite(scores)
+    """Class-aware NMS over one image's candidates (of classes only, as Ultralytics' `classes=` filters
+    them before NMS), best first, at most max_det, moved to the CPU."""
+    finite = torch.isfinite(boxes_xyxy).all(dim=1) & torch.isfinite(scores) & _of_classes(labels, classes)
     boxes_xyxy, scores, labels = boxes_xyxy[finite], scores[finite], labels[finite]
     if scores.numel() == 0 or max_det <= 0:
         return _empty()
@@ -58,7 +73,9 @@ def _check_3d(pred: torch.Tensor, layout: str) -> None:
         raise ModelOutputError(f"expected a 3-D {layout} tensor, got {shape}")
 
 
-def decode_yolov8(pred: torch.Tensor, *, conf: float, iou: float, max_det: int) -> list[RawDetections]:
+def decode_yolov8(
+    pred: torch.Tensor, *, conf: float, iou: float, max_det: int, classes: frozenset[int] | None = None
+) -> list[RawDetections]:
     """Decode [B, 4 + nc, N] (cx, cy, w, h, sigmoid class scores): best class per box, class-aware NMS."""
     _check_3d(pred, "[B, 4 + nc, N]")
     if pred.shape[1] < 5:
@@ -72,12 +89,21 @@ def decode_yolov8(pred: torch.Tensor, *, conf: float, iou: float, max_det: int) 
         scores, labels = candidates[:, 4:].max(dim=1)
         keep = scores > conf
         results.append(
-            _nms(_xywh_to_xyxy(candidates[keep, :4]), scores[keep], labels[keep], iou=iou, max_det=max_det)
+            _nms(
+                _xywh_to_xyxy(candidates[keep, :4]),
+                scores[keep],
+                labels[keep],
+                iou=iou,
+                max_det=max_det,
+                classes=classes,
+            )
         )
     return results
 
 
-def decode_yolov5(pred: torch.Tensor, *, conf: float, iou: float, max_det: int) -> list[RawDetections]:
+def decode_yolov5(
+    pred: torch.Tensor, *, conf: float, iou: float, max_det: int, classes: frozenset[int] | None = None
+) -> list[RawDetections]:
     """Decode [B, N, 5 + nc] (cx, cy, w, h, objectness, class scores): score = obj * best class score."""
     _check_3d(pred, "[B, N, 5 + nc]")
     if pred.shape[2] < 6:
@@ -92,12 +118,21 @@ def decode_yolov5(pred: torch.Tensor, *, conf: float, iou: float, max_det: int) 
         scores, labels = (candidates[:, 5:] * candidates[:, 4:5]).max(dim=1)
         keep = scores > conf
         results.append(
-            _nms(_xywh_to_xyxy(candidates[keep, :4]), scores[keep], labels[keep], iou=iou, max_det=max_det)
+            _nms(
+                _xywh_to_xyxy(candidates[keep, :4]),
+                scores[keep],
+                labels[keep],
+                iou=iou,
+                max_det=max_det,
+                classes=classes,
+            )
         )
     return results
 
 
-def decode_final_boxes(pred: torch.Tensor, *, conf: float, max_det: int) -> list[RawDetections]:
+def decode_final_boxes(
+    pred: torch.Tensor, *, conf: float, max_det: int, classes: frozenset[int] | None = None
+) -> list[RawDetections]:
     """Read [B, N, 6] final boxes (x1, y1, x2, y2, score, label); zero-score rows are padding and dropped."""
     _check_3d(pred, "[B, N, 6]")
     if pred.shape[2] != 6:
@@ -106,6 +141,7 @@ def decode_final_boxes(pred: torch.Tensor, *, conf: float, max_det: int) -> list
     results = []
     for image in pred:  # [N, 6]
         valid = torch.isfinite(image).all(dim=1) & (image[:, 4] > 0) & (image[:, 4] >= conf)
+        valid &= _of_classes(image[:, 5].round().to(torch.int64), classes)
         rows = image[valid]
         order = torch.argsort(rows[:, 4], descending=True, stable=True)[: max(max_det, 0)]
         rows = rows[order]
