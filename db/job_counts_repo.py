@@ -1,14 +1,16 @@
 """How a job's images stand: their counts by status and detections, the job read with them in one
-statement for a progress poll, and the commonest reasons of its failures."""
+statement for a progress poll, the commonest reasons of its failures; what one run over jobs did."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Label, RowMapping, Select, func, select, true
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, Job, ModelRecord
+from db.models import Detection, Image, Job, ModelRecord, as_utc
 from detq.vocabulary import ImageStatus
 
 
@@ -112,3 +114,61 @@ def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str
         .limit(limit)
     ).tuples()
     return [(str(reason), int(count)) for reason, count in rows]
+
+
+@dataclass(frozen=True)
+class RunActivity:
+    """What one run did over its jobs: the images it finished, by status, and when its first of them was
+    claimed and its last finished (the span images were being processed in)."""
+
+    done: int = 0
+    failed: int = 0
+    rejected: int = 0
+    first_claim: datetime | None = None
+    last_finish: datetime | None = None
+
+    @property
+    def finished(self) -> int:
+        """Images the run brought to an end."""
+        return self.done + self.failed + self.rejected
+
+    @property
+    def processing_s(self) -> float | None:
+        """Seconds from its first claim to its last finish; None where it claimed nothing."""
+        if self.first_claim is None or self.last_finish is None:
+            return None
+        return max(0.0, (as_utc(self.last_finish) - as_utc(self.first_claim)).total_seconds())
+
+
+def run_activity(session: Session, job_ids: Sequence[int], since: datetime) -> RunActivity:
+    """The images of these jobs finished at or after `since` (the run's start, by the ledger's clock), by
+    status, and the span they were processed in (claims before `since`, a previous run's, count from it)."""
+    if not job_ids:
+        return RunActivity()
+
+    def of(status: ImageStatus) -> Label[int]:
+        return func.count().filter(Image.status == status.value).label(status.value)
+
+    row = (
+        session.execute(
+            select(
+                of(ImageStatus.DONE),
+                of(ImageStatus.FAILED),
+                of(ImageStatus.REJECTED),
+                func.min(Image.claimed_at).label("first_claim"),
+                func.max(Image.finished_at).label("last_finish"),
+            ).where(Image.job_id.in_(list(job_ids)), Image.finished_at >= since)
+        )
+        .mappings()
+        .one()
+    )
+    first = row["first_claim"]
+    if first is not None and as_utc(first) < as_utc(since):
+        first = since
+    return RunActivity(
+        done=row[ImageStatus.DONE.value],
+        failed=row[ImageStatus.FAILED.value],
+        rejected=row[ImageStatus.REJECTED.value],
+        first_claim=first,
+        last_finish=row["last_finish"],
+    )

@@ -1,11 +1,13 @@
-"""A folder's results as files: JSON lines, COCO results and dataset, annotated images, for `detq run`."""
+"""A folder's results as files: JSON lines, COCO results and dataset, annotated images, for `detq run`;
+and what the run says at its end, and its exit code, from the folder's state."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -13,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from db.export_repo import images_with_boxes
 from db.history_repo import jobs_over_roots, latest_image_ids
+from db.job_counts_repo import RunActivity
 from db.models import Image, ModelRecord
 from detq.errors import DetqError
 from detq.vocabulary import ImageStatus
@@ -20,17 +23,30 @@ from producer.annotate import annotate
 from producer.coco import CocoDatasetWriter, class_names, coco_categories, coco_result, dumps
 from producer.export import image_record
 from producer.files import write_atomically
+from producer.progress import EXIT_FINISHED_WITH_FAILURES, format_duration
+
+# Distinct reasons tallied for the folder's summary: past this many, further new ones are not counted.
+MAX_REASONS_TALLIED = 10_000
 
 
 @dataclass(frozen=True)
 class WrittenResults:
-    """What `write_results` wrote."""
+    """What `write_results` wrote: the folder's images as they stand, by status, and their detections."""
 
     images: int
     detections: int
     annotated: int
     files: list[str]
     not_annotated: int = 0  # with save_images: done images that could not be read to draw on
+    statuses: dict[str, int] = field(default_factory=dict)  # images by the status of their latest row
+    reasons: list[tuple[str, int]] = field(default_factory=list)  # the commonest, of failed and rejected
+
+    def count(self, status: ImageStatus) -> int:
+        """The folder's images whose latest row has this status."""
+        return self.statuses.get(status.value, 0)
+
+
+TROUBLED = (ImageStatus.FAILED.value, ImageStatus.REJECTED.value)
 
 
 def write_results(
@@ -59,6 +75,8 @@ def write_results(
     out_dir.mkdir(parents=True, exist_ok=True)
     copies = AnnotatedCopies(out_dir / "images", roots)
     counts = {"images": 0, "detections": 0, "annotated": 0, "not_annotated": 0}
+    statuses: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
 
     def write_all(lines: TextIO, results: TextIO, dataset_out: TextIO) -> None:
         with tempfile.TemporaryFile("w+", encoding="utf-8", dir=out_dir) as spool:
@@ -67,6 +85,11 @@ def write_results(
             for image, boxes in images_with_boxes(session, image_ids):
                 lines.write(dumps(image_record(image, boxes)) + "\n")
                 counts["images"] += 1
+                statuses[image.status] += 1
+                if image.status in TROUBLED and (
+                    image.reason in reasons or len(reasons) < MAX_REASONS_TALLIED
+                ):
+                    reasons[image.reason or "(no reason)"] += 1
                 if image.status != ImageStatus.DONE:
                     continue
                 dataset.add_image(image)
@@ -101,6 +124,8 @@ def write_results(
         annotated=counts["annotated"],
         files=files,
         not_annotated=counts["not_annotated"],
+        statuses=dict(statuses),
+        reasons=reasons.most_common(5),
     )
 
 
@@ -142,3 +167,45 @@ class AnnotatedCopies:
             relative = os.path.basename(image.path)  # not under its root: only a ledger edited by hand
         prefix = self.prefixes[image.root_index] if inside and len(self.prefixes) > 1 else ""
         return self.folder / prefix / relative
+
+
+def run_summary_lines(activity: RunActivity, written: WrittenResults, out_dir: Path) -> list[str]:
+    """detq run's closing words, from the ledger: what this run did (its images/s over the time images
+    were being processed), then what the folder holds, its files, and the commonest reasons of its
+    failures."""
+    if activity.finished:
+        seconds = activity.processing_s
+        took = ""
+        if seconds is not None and seconds > 0:
+            took = f" in {format_duration(seconds, tenths=True)} ({activity.finished / seconds:.1f} images/s)"
+        did = f"this run: {activity.done} done, {activity.failed} failed, {activity.rejected} rejected{took}"
+    else:
+        did = "this run: no image to process"
+    parts = [
+        f"{written.count(s)} {s.value}" for s in FOLDER_STATUSES if written.count(s) or s is ImageStatus.DONE
+    ]
+    lines = [
+        did,
+        f"the folder: {written.images} images: {', '.join(parts)}; {written.detections} detections",
+        f"results: {out_dir}/ ({', '.join(written.files)})",
+    ]
+    lines += [f"  {count:>6} x {reason}" for reason, count in written.reasons]
+    return lines
+
+
+FOLDER_STATUSES = (
+    ImageStatus.DONE,
+    ImageStatus.FAILED,
+    ImageStatus.REJECTED,
+    ImageStatus.PENDING,
+    ImageStatus.CANCELLED,
+)
+
+
+def folder_exit_code(written: WrittenResults) -> int:
+    """EXIT_FINISHED_WITH_FAILURES while any of the folder's images is failed, rejected or cancelled (what
+    every rerun says until they are run again or the files change), else 0."""
+    troubled = sum(
+        written.count(s) for s in (ImageStatus.FAILED, ImageStatus.REJECTED, ImageStatus.CANCELLED)
+    )
+    return EXIT_FINISHED_WITH_FAILURES if troubled else 0

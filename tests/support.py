@@ -104,13 +104,14 @@ def write_corrupt_folder(folder: Path, outside: Path) -> dict[str, str]:
     for i, size in enumerate([(320, 240), (200, 300), (640, 360)]):
         write_jpeg(folder / f"good_{i}.jpg", size)
         expected[f"good_{i}.jpg"] = "done"
+    # Content that is no image: rejected, as the file itself is (until it changes, no run tries it again)
     (folder / "empty.jpg").write_bytes(b"")
-    expected["empty.jpg"] = "failed"
+    expected["empty.jpg"] = "rejected"
     full = (folder / "good_0.jpg").read_bytes()
     (folder / "truncated.jpg").write_bytes(full[: len(full) // 3])
-    expected["truncated.jpg"] = "failed"
+    expected["truncated.jpg"] = "rejected"
     (folder / "notes.jpg").write_text("this is not an image\n")
-    expected["notes.jpg"] = "failed"
+    expected["notes.jpg"] = "rejected"
     secret = write_jpeg(outside / "secret.jpg", (100, 100))
     os.symlink(secret, folder / "escape.jpg")
     expected["escape.jpg"] = "rejected"

@@ -27,7 +27,8 @@ class ImageRejected(Exception):
 
 
 class ImageUnreadable(Exception):
-    """The file cannot be decoded as an image (empty, truncated, not an image)."""
+    """The file's content cannot be decoded as an image (empty, truncated, not an image): so until the file
+    changes. A read that fails (an OSError with an errno) is not this: it may work next time."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def decode_image(
     except UnidentifiedImageError as exc:
         raise ImageUnreadable("not a recognised image format") from exc
     except OSError as exc:
+        if exc.errno is not None:
+            raise  # the file could not be read (EIO on a share, EACCES): not the image's content
         raise ImageUnreadable(f"cannot open image: {exc}") from exc
     try:
         whole = _reader(jpeg, source, size)
@@ -159,7 +162,11 @@ def _decode_opened(
             rgb = _reduce_toward(rgb, target_size)
     except Image.DecompressionBombError as exc:
         raise ImageRejected(f"decompression bomb: {exc}") from exc
-    except (OSError, SyntaxError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno is not None:
+            raise  # a read that failed (Pillow reads the file as it decodes): not the image's content
+        raise ImageUnreadable(f"cannot decode image (corrupt or truncated): {exc}") from exc
+    except (SyntaxError, ValueError) as exc:
         raise ImageUnreadable(f"cannot decode image (corrupt or truncated): {exc}") from exc
     dec_w, dec_h = rgb.size
     return DecodedImage(image=rgb, width=width, height=height, scale_x=width / dec_w, scale_y=height / dec_h)

@@ -67,17 +67,17 @@ def prepare_image(
             )
     except SoftTimeLimitExceeded:
         raise  # the batch's time is up: never one image's decode error
-    except (PathRejected, ImageRejected) as exc:
+    # Rejected: the file itself (refused by policy, or its content no image): the same until it changes,
+    # so incremental runs leave it be. Failed: a read that may work next time, retried by later runs.
+    except (PathRejected, ImageRejected, ImageUnreadable) as exc:
         return ImageResult(image_id=image.id, status=ImageStatus.REJECTED, reason=str(exc))
     except FileNotFoundError:
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason="file not found")
-    except ImageUnreadable as exc:
-        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=str(exc))
     except OSError as exc:
         return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=f"cannot read file: {exc}")
     except Exception as exc:  # noqa: BLE001 - Pillow raises struct.error, IndexError... on malformed files
         reason = f"cannot decode image: {type(exc).__name__}: {exc}"
-        return ImageResult(image_id=image.id, status=ImageStatus.FAILED, reason=reason)
+        return ImageResult(image_id=image.id, status=ImageStatus.REJECTED, reason=reason)
 
 
 @dataclass(frozen=True)

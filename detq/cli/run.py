@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import click
 
+from db.clock import ledger_now
 from db.history_repo import jobs_over_roots
+from db.job_counts_repo import run_activity
 from db.jobs_repo import delete_job, get_or_create_model
 from db.ledger import Ledger, ledger
 from db.models import ModelRecord
@@ -24,7 +26,7 @@ from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
 from producer.local_workers import LocalWorkers
 from producer.progress import EXIT_FINISHED_WITH_FAILURES, EXIT_TIMED_OUT, WaitTimeout, exit_code_for
-from producer.results import check_copies_folder, write_results
+from producer.results import check_copies_folder, folder_exit_code, run_summary_lines, write_results
 from producer.status import JobStatus
 
 EXIT_INTERRUPTED = 130
@@ -107,10 +109,12 @@ def run(
     start_here = settings.is_embedded_broker if local_workers is None else local_workers
     processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)
     helpers = LocalWorkers(settings, worker_pool, processes, out / "worker.log") if start_here else None
-    code, unread = 0, 0
+    code, unread, followed = 0, 0, []
     sha256 = file_sha256(settings.model)  # once: a detector file can be hundreds of MB
     with ledger(settings) as led:
         model_id = _model_id(led, settings.model, sha256)
+        with led.reads() as session:
+            began = ledger_now(session)  # what this run did is what finished since, by the ledger's clock
         try:
             if helpers is not None:
                 if not as_json:
@@ -119,10 +123,11 @@ def run(
                     )
                 helpers.start()  # they load the model while the folders are scanned
             queued = _queue(led, settings, (model_id, sha256, inference), roots, Pool(pool), (force, as_json))
-            unread = queued.unreadable
+            unread, followed = queued.unreadable, queued.job_ids
             if queued.needs_workers and helpers is not None:
                 helpers.wait_ready()
-            finals = [follow(led, settings, job, timeout_s=timeout, quiet=as_json) for job in queued.job_ids]
+            # Each job followed with its progress line; one summary for the run and the folder at the end.
+            finals = [follow(led, settings, job, timeout_s=timeout, quiet=True) for job in followed]
             code = _exit_code(finals)
         except WaitTimeout as exc:
             click.echo(f"detq run: {exc}; results so far are written", err=True)
@@ -138,22 +143,32 @@ def run(
             written = write_results(
                 session, (record, inference.key), [str(r) for r in roots], out, save_images=save_images
             )
+            activity = run_activity(session, followed, began)
+    if code == 0:
+        code = folder_exit_code(written)  # 4 while the folder holds failed or rejected images, every rerun
     if as_json:
         print_json(
             {
                 "out": str(out),
                 "images": written.images,
+                "statuses": written.statuses,
                 "detections": written.detections,
                 "annotated": written.annotated,
                 "not_annotated": written.not_annotated,
                 "unreadable_count": unread,
+                "this_run": {
+                    "done": activity.done,
+                    "failed": activity.failed,
+                    "rejected": activity.rejected,
+                    "processing_s": activity.processing_s,
+                },
+                "settings": inference.to_json(),
                 "exit_code": code,
             }
         )
     else:
-        click.echo(
-            f"{written.images} images, {written.detections} detections: {out}/ ({', '.join(written.files)})"
-        )
+        for line in run_summary_lines(activity, written, out):
+            click.echo(line, err=True)
         if written.not_annotated:
             click.echo(
                 f"{written.not_annotated} images could not be read to draw on (moved since?)", err=True

@@ -3,10 +3,14 @@ the job, its model and its counts in one statement."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import ImageResult, finalise_results
-from db.job_counts_repo import job_counts, job_snapshot
+from db.job_counts_repo import job_counts, job_snapshot, run_activity
+from db.models import Image
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import done_results, pending_job, sql_sent
 
@@ -55,3 +59,41 @@ def test_job_snapshot_reads_a_poll_in_one_statement(factory: Factory) -> None:
     # And a job with no images reads zeros, a job that does not exist None
     assert (none.counts.total, none.counts.pending, none.counts.detections) == (0, 0, 0)
     assert missing is None
+
+
+def test_a_runs_activity_is_what_finished_since_it_began_and_the_span_it_was_processed_in(
+    factory: Factory,
+) -> None:
+    # Given a job of four images: one finished before the run began, three in it (claimed at 0 s and
+    # 10 s of it, or before it by a previous run, finished by 20 s)
+    job_id, model_id, ids = pending_job(factory, 4, "r")
+    began = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    with factory() as session, session.begin():
+        earlier = done_results(ids[:1], boxes=1)
+        finalise_results(
+            session, job_id, model_id, earlier, worker="w", device="cpu", now=began - timedelta(hours=1)
+        )
+        claims = {ids[1]: began - timedelta(minutes=5), ids[2]: began, ids[3]: began + timedelta(seconds=10)}
+        for image_id, at in claims.items():
+            session.execute(update(Image).where(Image.id == image_id).values(claimed_at=at))
+        finalise_results(
+            session,
+            job_id,
+            model_id,
+            done_results(ids[1:3], boxes=1),
+            worker="w",
+            device="cpu",
+            now=began + timedelta(seconds=15),
+        )
+        failed = ImageResult(image_id=ids[3], status=ImageStatus.FAILED, reason="cannot read file")
+        finalise_results(
+            session, job_id, model_id, [failed], worker="w", device="cpu", now=began + timedelta(seconds=20)
+        )
+    # When the run's activity is read
+    with factory() as session:
+        activity = run_activity(session, [job_id], began)
+        nothing = run_activity(session, [], began)
+    # Then it counts the three it finished, over 20 s from its start (an older claim counts from it)
+    assert (activity.done, activity.failed, activity.rejected) == (2, 1, 0)
+    assert activity.processing_s == 20.0
+    assert (nothing.finished, nothing.processing_s) == (0, None)

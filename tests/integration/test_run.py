@@ -61,7 +61,7 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     assert sorted(row["path"] for row in rows) == sorted(str(p) for p in images)
     assert all(row["status"] == "done" and row["attempts"] == 1 for row in rows)
     assert len(json.loads((out / "coco_results.json").read_text())) == 64
-    assert len(list((out / "images").glob("*.jpg"))) == 64
+    assert len(list((out / "images").glob("*.png"))) == 64  # each at its path, in its format
     assert digests(images) == before
     print(f"\nresumed run finished in {time.monotonic() - started:.1f} s")
     # When it runs once more, with every image done
@@ -141,3 +141,42 @@ def test_a_changed_threshold_is_new_work_and_force_runs_it_again(
     status = embedded.run_json("status")
     assert status["settings"]["score_threshold"] == 0.3
     assert "settings: conf 0.3" in embedded.run("status").stdout
+
+
+def test_reruns_over_hopeless_files_start_no_worker_for_them_and_keep_exit_code_4(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given a folder of two good images, a 0-byte file and a text file named .jpg
+    folder = tmp_path / "in"
+    write_images(folder, 2)
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "notes.jpg").write_text("not an image\n")
+    out = tmp_path / "results"
+    command = [*DETQ, "run", str(folder), "--out", str(out), "--workers", "1"]
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, env=embedded.env(), capture_output=True, text=True, timeout=300)
+
+    # When the folder is run, then run again twice
+    first, second, third = run(), run(), run()
+    # Then the first run rejects the two for their content and ends with exit 4
+    assert first.returncode == 4, first.stderr
+    rows = {Path(str(r["path"])).name: r for r in _done_lines(out)}
+    assert {n: r["status"] for n, r in rows.items()} == {
+        "img_0000.png": "done",
+        "img_0001.png": "done",
+        "empty.jpg": "rejected",
+        "notes.jpg": "rejected",
+    }
+    assert "this run: 2 done, 0 failed, 2 rejected" in first.stderr
+    # And each rerun has nothing to do, starts no worker's model for the hopeless files, and says what
+    # the folder holds with the same exit code
+    for again in (second, third):
+        assert again.returncode == 4, again.stderr
+        assert "nothing new to queue: 4 images found" in again.stderr
+        assert "this run: no image to process" in again.stderr
+        assert "the folder: 4 images: 2 done, 2 rejected; " in again.stderr
+        assert (
+            "1 x empty file (0 bytes)" in again.stderr and "1 x not a recognised image format" in again.stderr
+        )
+        assert "ready on" not in (out / "worker.log").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
@@ -11,12 +12,20 @@ from PIL import Image
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
+from db.job_counts_repo import RunActivity
 from db.jobs_repo import create_job, get_or_create_model
 from db.models import ModelRecord
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULT_KEY
 from detq.vocabulary import ImageStatus
-from producer.results import AnnotatedCopies, check_copies_folder, write_results
+from producer.results import (
+    AnnotatedCopies,
+    WrittenResults,
+    check_copies_folder,
+    folder_exit_code,
+    run_summary_lines,
+    write_results,
+)
 from tests.ledger_support import done_results
 from tests.support import write_jpeg
 
@@ -125,3 +134,26 @@ def test_an_out_folder_whose_copies_would_land_in_the_input_is_refused(tmp_path:
     with pytest.raises(DetqError, match="overlaps"):
         check_copies_folder(photos / "results", [photos])  # copies a later scan would take for photos
     check_copies_folder(tmp_path / "results", [photos])
+
+
+def test_the_closing_words_say_what_the_run_did_and_what_the_folder_holds(tmp_path: Path) -> None:
+    began = datetime(2026, 12, 7, tzinfo=UTC)
+    written = WrittenResults(
+        images=126,
+        detections=270,
+        annotated=0,
+        files=["detections.jsonl"],
+        statuses={"done": 32, "pending": 90, "failed": 4},
+        reasons=[("cannot read file: EIO", 4)],
+    )
+    # Given a run interrupted after 32 images in 16 s
+    run = RunActivity(done=32, first_claim=began, last_finish=began + timedelta(seconds=16))
+    lines = run_summary_lines(run, written, tmp_path)
+    # Then it says what it did, at its own rate, and what the folder holds, pending ones included
+    assert lines[0] == "this run: 32 done, 0 failed, 0 rejected in 16s (2.0 images/s)"
+    assert lines[1] == "the folder: 126 images: 32 done, 4 failed, 90 pending; 270 detections"
+    assert lines[3].split() == ["4", "x", "cannot", "read", "file:", "EIO"]
+    assert folder_exit_code(written) == 4
+    # And a rerun that had nothing to do says so; a folder of done images exits 0
+    assert run_summary_lines(RunActivity(), written, tmp_path)[0] == "this run: no image to process"
+    assert folder_exit_code(WrittenResults(2, 0, 0, [], statuses={"done": 2})) == 0

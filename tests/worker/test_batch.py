@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import warnings
@@ -10,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import PIL.Image
 import pytest
 import torch
 from sqlalchemy import event, func, select, update
@@ -95,7 +97,7 @@ def test_bad_files_fail_or_are_rejected_alone_and_their_batch_mates_finish(
     assert rows["empty.jpg"].reason == "empty file (0 bytes)"
     assert "outside the job root" in (rows["escape.jpg"].reason or "")
     assert all(rows[n].reason for n in names if rows[n].status != ImageStatus.DONE)
-    assert report.done == 3 and report.rejected == 1 and report.failed == len(names) - 4
+    assert (report.done, report.rejected, report.failed) == (3, 4, 1)
 
 
 class _FailsOnNarrowImages(torch.nn.Module):
@@ -260,3 +262,33 @@ def _model_id(runtime: WorkerRuntime, job_id: int) -> int:
         job = session.get(Job, job_id)
         assert job is not None
         return job.model_id
+
+
+def test_a_read_that_fails_is_a_failure_to_retry_and_content_that_is_no_image_a_rejection(
+    runtime: WorkerRuntime, stage: Stage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a good JPEG whose reads fail with EIO (a flaky share), beside a text file named .jpg
+    write_jpeg(tmp_path / "flaky.jpg", (64, 48))
+    (tmp_path / "notes.jpg").write_text("not an image\n")
+    job = stage(tmp_path, ["flaky.jpg", "notes.jpg"])
+    real_open = PIL.Image.open
+
+    def failing_open(source: Any, *args: Any, **kwargs: Any) -> PIL.Image.Image:
+        if source.read(3) == b"\xff\xd8\xff":  # the JPEG; the text file is read as it is
+            raise OSError(errno.EIO, "Input/output error")
+        source.seek(0)
+        return real_open(source, *args, **kwargs)
+
+    monkeypatch.setattr(PIL.Image, "open", failing_open)
+    # When the batch runs
+    process_batch(runtime, job.job_id, job.image_ids)
+    # Then the failed read is `failed` (a later run retries it), the text file `rejected` (its content)
+    rows = {job.names[i]: row for i, row in ledger_rows(runtime, job.job_id).items()}
+    assert (rows["flaky.jpg"].status, rows["flaky.jpg"].reason) == (
+        ImageStatus.FAILED,
+        "cannot read file: [Errno 5] Input/output error",
+    )
+    assert (rows["notes.jpg"].status, rows["notes.jpg"].reason) == (
+        ImageStatus.REJECTED,
+        "not a recognised image format",
+    )
