@@ -32,11 +32,13 @@ _BATCH_IMAGES = (
 )
 
 
-def _claim_statement(previous_claimer: bool) -> Update:
-    """Claim the pending images of ids whose claim is still the one seen: none, or :previous's."""
+def _claim_statement(previous_claimer: bool, counted: bool = True) -> Update:
+    """Claim the pending images of ids whose claim is still the one seen: none, or :previous's; counted:
+    one more attempt (not where a live process's start is taken over: that start did not die)."""
     previous = (
         _IMAGES.c.claimed_by == bindparam("previous") if previous_claimer else _IMAGES.c.claimed_by.is_(None)
     )
+    attempts = _IMAGES.c.attempts + 1 if counted else _IMAGES.c.attempts
     return (
         update(_IMAGES)
         .where(
@@ -44,13 +46,14 @@ def _claim_statement(previous_claimer: bool) -> Update:
             _IMAGES.c.status == ImageStatus.PENDING.value,
             previous,
         )
-        .values(claimed_by=bindparam("me"), claimed_at=bindparam("now"), attempts=_IMAGES.c.attempts + 1)
+        .values(claimed_by=bindparam("me"), claimed_at=bindparam("now"), attempts=attempts)
         .returning(_IMAGES.c.id)
     )
 
 
 _CLAIM_UNCLAIMED = _claim_statement(previous_claimer=False)
 _CLAIM_FROM = _claim_statement(previous_claimer=True)
+_CLAIM_FROM_LIVE = _claim_statement(previous_claimer=True, counted=False)
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Claimable:
     job_id: int
     path: str
     root_index: int
-    attempts: int  # starts so far; each start that did not end in a result was a process that died
+    attempts: int  # starts so far that no live process let go of: each that did not end in a result died
     batch_id: int | None
     claimed_by: int | None
 
@@ -74,6 +77,16 @@ class ClaimView:
     busy: int
     found: int = 0  # the job's images among the ids asked for, whatever their status
     held: list[Claimable] = field(default_factory=list)  # the busy ones: a live process is on them
+    # Live processes (this one included) whose claims on free images they let go of: their batch gave up
+    # (the ledger or a disk stayed away past the retries) and the process lives on. Such a start did not
+    # die, so it is no death of the image's.
+    let_go: frozenset[int] = frozenset()
+
+    def deaths(self, image: Claimable) -> int:
+        """How many processes died while on this free image: its attempts, less a start let go of."""
+        return (
+            image.attempts - 1 if image.claimed_by in self.let_go and image.attempts > 0 else image.attempts
+        )
 
 
 def claimable_images(
@@ -103,25 +116,44 @@ def claimable_images(
     close_worker(session, dead, now, LOST)
     free: list[Claimable] = []
     held: list[Claimable] = []
+    let_go: set[int] = set()
     for image in images:
         claimer = claimers.get(image.claimed_by) if image.claimed_by is not None else None
+        alive = claimer is not None and (
+            claimer.id == me
+            or (
+                claimer.id not in dead
+                and claimer.stopped_at is None
+                and as_utc(claimer.last_seen_at) >= seen_since
+            )
+        )
         holds = (
-            claimer is not None
+            alive
+            and claimer is not None
             and claimer.id != me
-            and claimer.id not in dead
-            and claimer.stopped_at is None
-            and as_utc(claimer.last_seen_at) >= seen_since
             and claimer.current_batch_id is not None
             and claimer.current_batch_id == image.batch_id
         )
-        (held if holds else free).append(image)
-    return ClaimView(free=free, busy=len(held), found=found, held=held)
+        if holds:
+            held.append(image)
+            continue
+        free.append(image)
+        if alive and claimer is not None:
+            let_go.add(claimer.id)
+    return ClaimView(free=free, busy=len(held), found=found, held=held, let_go=frozenset(let_go))
 
 
 def claim(
-    session: Session, images: Sequence[Claimable], *, me: int, batch_id: int | None, now: datetime
+    session: Session,
+    images: Sequence[Claimable],
+    *,
+    me: int,
+    batch_id: int | None,
+    now: datetime,
+    let_go: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """Start these images: claimed by me, one more attempt each; returns the ids this process won.
+    """Start these images: claimed by me, one more attempt each (but where a live process let go of its
+    claim, ClaimView.let_go: its start did not die); returns the ids this process won.
 
     The UPDATE only takes an image whose claim is the one claimable_images saw, so of two processes
     racing on a redelivered batch each image goes to one of them.
@@ -135,7 +167,8 @@ def claim(
         if claimed_by is None:
             won.extend(session.scalars(_CLAIM_UNCLAIMED, params))
         else:
-            won.extend(session.scalars(_CLAIM_FROM, {**params, "previous": claimed_by}))
+            statement = _CLAIM_FROM_LIVE if claimed_by in let_go else _CLAIM_FROM
+            won.extend(session.scalars(statement, {**params, "previous": claimed_by}))
     set_current_batch(session, me, batch_id, now)
     return sorted(won)
 

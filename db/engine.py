@@ -20,11 +20,37 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 READ_ONLY_OPTION = "detq_read_only"
 _QUERY_ONLY = "detq_query_only"  # in a pooled SQLite connection's info: PRAGMA query_only is on
 
-# PostgreSQL SQLSTATEs worth retrying: serialization failure, deadlock, lock not available, too many
-# connections, and the server shutting down or starting up. Class 08 (connection exception) is matched apart.
-_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
-_SQLITE_TRANSIENT_MESSAGES = ("database is locked", "database table is locked", "database is busy")
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+# PostgreSQL SQLSTATEs worth retrying: serialization failure, deadlock, lock not available, the server out
+# of disk, memory or connections (class 53), an I/O error on its side, and the server shutting down or
+# starting up. Class 08 (connection exception) is matched apart. None of them says anything of an image:
+# the work waits for the resource, it does not fail (issue 40).
+_TRANSIENT_SQLSTATES = frozenset(
+    {
+        "40001",
+        "40P01",
+        "55P03",
+        "53000",
+        "53100",
+        "53200",
+        "53300",
+        "53400",
+        "58030",
+        "57P01",
+        "57P02",
+        "57P03",
+    }
+)
+_SQLITE_TRANSIENT_MESSAGES = (
+    "database is locked",
+    "database table is locked",
+    "database is busy",
+    "database or disk is full",
+    "disk i/o error",
+)
+# SQLite's primary result codes: BUSY, LOCKED, IOERR (a read or write the OS refused), FULL (the disk, or
+# max_page_count), CANTOPEN (its journal could not be made: a full or read-only folder).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 5, 6, 10, 13, 14
+_SQLITE_TRANSIENT_CODES = (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN)
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -195,7 +221,7 @@ def _classify_driver_error(orig: BaseException) -> bool:
         if isinstance(orig, sqlite3.IntegrityError | sqlite3.ProgrammingError):
             return False
         code = getattr(orig, "sqlite_errorcode", None)
-        if isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        if isinstance(code, int) and code & 0xFF in _SQLITE_TRANSIENT_CODES:
             return True
         message = str(orig).lower()
         return any(text in message for text in _SQLITE_TRANSIENT_MESSAGES)

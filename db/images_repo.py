@@ -11,8 +11,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
-from db.enqueue_repo import close_enqueue
-from db.jobs_repo import close_job_if_complete, end_pending_images
+from db.jobs_repo import close_job_if_complete
 from db.models import Detection, Image, table_of, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
@@ -238,14 +237,6 @@ def finalise_results(
     )
     close_job_if_complete(session, job_id, now, started=True)
     return {r.image_id for r in finalised}
-
-
-def abandon_enqueue(session: Session, job_id: int, reason: str, now: datetime) -> int:
-    """An enqueue that cannot go on (its broker went away): pending images fail with reason, the job
-    closes; returns how many images failed. Copies already queued then find them finished."""
-    failed = end_pending_images(session, job_id, ImageStatus.FAILED, reason, now)
-    close_enqueue(session, job_id, reason, now)
-    return failed
 
 
 def pending_image_ids(session: Session, job_id: int) -> list[int]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -57,3 +59,32 @@ def in_transaction(
         with attempt, sessions() as session, session.begin():
             result = work(session)
     return result
+
+
+# errno values of a resource that is away rather than a request that is wrong: a full disk or quota, a
+# device that fails reads or writes, a folder turned read-only.
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def unavailable_reason(error: BaseException) -> str | None:
+    """One line saying which resource is away when `error` is the environment's (the ledger's disk full,
+    the database down or locked past the retries, a full or failing disk elsewhere): waiting cures it, so
+    nothing of the work is to blame. None for any other error (a bug, a request that is wrong)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if is_transient_error(current):
+            return f"the ledger is unavailable: {_first_line(current)}"
+        if isinstance(current, OSError) and current.errno in _ENVIRONMENT_ERRNOS:
+            where = f" ({current.filename})" if current.filename else ""
+            return f"{os.strerror(current.errno)}{where}"
+        current = current.__cause__  # `raise ... from error` through callers' own exceptions
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    """The database's own words: the driver error's first line, without SQLAlchemy's statement."""
+    orig = getattr(error, "orig", None)
+    text = str(orig if orig is not None else error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -13,8 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.batches_repo import mark_sent
 from db.clock import ledger_now
-from db.enqueue_repo import lock_open_enqueue, take_back_producer_gone
-from db.images_repo import abandon_enqueue
+from db.enqueue_repo import close_enqueue, lock_open_enqueue, take_back_producer_gone
 from db.jobs_repo import finish_enqueue, get_job, set_unreadable_folders
 from db.retry import in_transaction
 from db.schedules_repo import RunCounts, RunKey, set_run_counts
@@ -189,11 +188,15 @@ def enqueue_folders(
                     on_progress(sender.images, sender.batches)
             sent += sender.finish()
         except BROKER_ERRORS as exc:
-            reason = f"not queued: the broker became unreachable during enqueue ({broker_error_reason(exc)})"
-            in_transaction(
-                factory, lambda s: abandon_enqueue(s, job_id=job_id, reason=reason, now=ledger_now(s))
-            )
-            raise EnqueueError(f"job {job_id} closed, its images failed: {reason}") from None
+            # The broker away is nothing of the images': those recorded stay pending, and any reconciler
+            # (in every worker and scheduler) sends their batches once the broker is back.
+            why = f"the broker became unreachable during enqueue ({broker_error_reason(exc)})"
+            reason = f"enqueue interrupted: {why}; the images recorded run once it is back"
+            kept = in_transaction(factory, lambda s: close_enqueue(s, job_id, reason, ledger_now(s)))
+            raise EnqueueError(
+                f"job {job_id} closed with the {kept} images recorded, which run once the broker is back:"
+                f" {why}; enqueue the folders again with --only-new for the rest"
+            ) from None
     counts = tally.counts() if tally is not None else None
     with factory() as session, session.begin():
         now = ledger_now(session)  # the job's times are the ledger's, as `detq status` reads them

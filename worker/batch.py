@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session
@@ -30,6 +30,7 @@ from worker.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 SOFT_LIMIT_REASON = "batch exceeded the task's soft time limit"
+NEVER = datetime(1970, 1, 1, tzinfo=UTC)  # seen since: any time at all
 
 
 def died_reason(attempts: int) -> str:
@@ -85,15 +86,19 @@ def _read_job(session: Session, job_id: int) -> JobModel:
 
 
 def claim_view(session: Session, runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int]) -> ClaimView:
-    """The batch's pending images, free or held by a live process, as this process sees them now."""
+    """The batch's pending images, free or held by a live process, as this process sees them now. A
+    process whose own beats could not all be written within DETQ_WORKER_TIMEOUT (the ledger was away)
+    takes no other process's missing beats for its death: they could not write theirs either."""
     now = runtime.clock.now()
+    timeout = runtime.settings.worker_timeout
+    judges = runtime.heartbeat is None or runtime.heartbeat.judges_liveness(timeout)
     return claimable_images(
         session,
         job_id,
         image_ids,
         me=runtime.worker_id,
         now=now,
-        seen_since=now - timedelta(seconds=runtime.settings.worker_timeout),
+        seen_since=now - timedelta(seconds=timeout) if judges else NEVER,
         still_running=still_running,
     )
 
@@ -121,18 +126,25 @@ def _start(
         runtime.remember_job(job_id, None)
         job = _read_job(session, job_id)
     runtime.remember_job(job_id, job)
-    fresh = [i for i in view.free if i.attempts == 0]
+    fresh = [i for i in view.free if view.deaths(i) == 0]
     now = runtime.clock.now()
-    won = set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=now)) if fresh else set()
+    won = (
+        set(claim(session, fresh, me=runtime.worker_id, batch_id=batch_id, now=now, let_go=view.let_go))
+        if fresh
+        else set()
+    )
     if won and job_id not in runtime.started_jobs:
         mark_started(session, job_id, now)  # the job's running time counts from its first claim
     return _Start(job=job, view=view, fresh=[i for i in fresh if i.id in won])
 
 
-def _claim_one(runtime: WorkerRuntime, image: Claimable, batch_id: int | None) -> bool:
+def _claim_one(
+    runtime: WorkerRuntime, image: Claimable, batch_id: int | None, let_go: frozenset[int]
+) -> bool:
     now = runtime.clock.now()
     won = in_transaction(
-        runtime.ledger.sessions, lambda s: claim(s, [image], me=runtime.worker_id, batch_id=batch_id, now=now)
+        runtime.ledger.sessions,
+        lambda s: claim(s, [image], me=runtime.worker_id, batch_id=batch_id, now=now, let_go=let_go),
     )
     return bool(won)
 
@@ -201,14 +213,16 @@ def _run_batch(
         )
     limit = runtime.settings.max_attempts
     report = BatchReport(skipped=len(image_ids) - len(view.free))
-    report.skipped += sum(1 for i in view.free if i.attempts == 0) - len(start.fresh)
+    report.skipped += sum(1 for i in view.free if view.deaths(i) == 0) - len(start.fresh)
     exhausted = [
-        ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=died_reason(i.attempts))
+        ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=died_reason(view.deaths(i)))
         for i in view.free
-        if i.attempts >= limit
+        if view.deaths(i) >= limit
     ]
     # Fewest deaths first: batch-mates of a poison image finish before it is tried again.
-    suspects = sorted((i for i in view.free if 0 < i.attempts < limit), key=lambda i: (i.attempts, i.id))
+    suspects = sorted(
+        (i for i in view.free if 0 < view.deaths(i) < limit), key=lambda i: (view.deaths(i), i.id)
+    )
     claimed = [i.id for i in start.fresh]
     unwritten = list(exhausted)  # results not yet committed: written again if the time limit cuts in
 
@@ -238,7 +252,7 @@ def _run_batch(
             write(raced)
         for suspect in suspects:
             # Started before by a process that died: alone, and committed alone, in case it is the cause.
-            if not _claim_one(runtime, suspect, batch_id):
+            if not _claim_one(runtime, suspect, batch_id, view.let_go):
                 report.skipped += 1
                 continue
             claimed.append(suspect.id)

@@ -114,6 +114,9 @@ class Heartbeat:
         # The time this process stamps, measured against the database server's at each beat: other
         # machines judge it by that clock, and this one's may be off or drift.
         self.clock = clock or LedgerClock()
+        # Since when (monotonic) its beats have been written without one failing: the ledger was
+        # reachable, so other processes' beats could be written too. Before the first failure, as if always.
+        self._written_since: float | None = float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"detq-heartbeat-{identity.role}", daemon=True)
 
@@ -162,5 +165,15 @@ class Heartbeat:
             try:
                 self.beat_now(payload)
                 last_beat, last_held = time.monotonic(), held
+                if self._written_since is None:
+                    self._written_since = last_beat
             except Exception:  # noqa: BLE001 - a missed beat (database away) is retried next interval
+                self._written_since = None
                 log.warning("detq: heartbeat of worker %d failed", self.worker_id, exc_info=True)
+
+    def judges_liveness(self, timeout_s: float) -> bool:
+        """Whether this process may take another's missing beats for its death: its own beats have been
+        written for timeout_s (after an outage of the ledger, a full disk, nobody's could be; every worker
+        would look dead at once)."""
+        since = self._written_since
+        return since is not None and time.monotonic() - since >= timeout_s

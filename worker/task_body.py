@@ -1,7 +1,8 @@
 """The batch task's body: run a batch, and what becomes of one that cannot finish.
 
 A soft time limit keeps what finished and sends the rest again (worker.time_limit); a bug fails what is
-left with its reason; a database that stays away leaves the images pending for a later delivery.
+left with its reason; a ledger or a disk that stays away (full, down, locked) leaves the images pending
+for a later delivery, never failed for it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from collections.abc import Sequence
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from db.engine import is_transient_error
 from db.images_repo import ImageResult
 from db.jobs_repo import job_model
-from db.retry import in_transaction
+from db.retry import in_transaction, unavailable_reason
 from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
 from worker.batch import (
@@ -118,10 +118,12 @@ def run_batch(
         log.error("job %d: batch of %d refused: %s", job, len(ids), exc)
         return BatchReport()
     except Exception as exc:
-        if is_transient_error(exc):
-            # The database stayed away past the retries: nothing is failed for that; the images stay
-            # pending and are delivered again.
-            log.error("job %d: batch of %d left pending, the database is unavailable: %s", job, len(ids), exc)
+        away = unavailable_reason(exc)
+        if away is not None:
+            # The ledger or a disk stayed away past the retries: nothing is failed for that; the images
+            # stay pending and are delivered again. Their claims are this live process's: the next claim
+            # takes them over without counting an attempt (db.claims_repo).
+            log.error("job %d: batch of %d left pending: %s", job, len(ids), away)
             raise
         log.exception("job %d: batch of %d failed", job, len(ids))
         # One line: a database error's text goes on with its statement and every parameter of it.

@@ -48,6 +48,18 @@ class DetqCommand(click.Command):
             return super().invoke(ctx)
         except DetqError as exc:
             raise CommandError(ctx.command_path, str(exc), getattr(exc, "exit_code", EXIT_ERROR)) from exc
+        except Exception as exc:
+            # A resource away (the ledger's disk full, the database down or locked past the retries, a
+            # full disk under the embedded broker) is one line, as any error a user can act on. (Imported
+            # here: a command that never meets one does not pay for the retry layer's imports.)
+            from db.retry import unavailable_reason
+
+            away = unavailable_reason(exc)
+            if away is None:
+                raise
+            raise CommandError(
+                ctx.command_path, f"{away}; nothing was lost: try again once it is back"
+            ) from exc
 
 
 class DetqGroup(click.Group):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 import click
@@ -16,9 +17,13 @@ from producer.fleet import fleet, listening_pools
 from producer.progress import summary_lines, wait_with_progress
 from producer.status import JobNotFound, JobStatus, job_status
 
+# Free bytes under which the embedded ledger's disk counts as full: SQLite needs room for its journal.
+LOW_DISK_BYTES = 1024 * 1024
+
 
 def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[], str | None]:
-    """A hint for a job nobody can take: no live worker node consumes its queue."""
+    """A hint for a job nobody can take: no live worker node consumes its queue (or none could say so:
+    the embedded ledger's disk is full, and no heartbeat can be written)."""
 
     def hint() -> str | None:
         with ledger.reads() as session:
@@ -27,10 +32,31 @@ def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[]
             )
         if listening if pool == Pool.ANY else pool in listening:
             return None
+        full = full_ledger_disk(settings)
+        if full is not None:
+            return full
         start = "cpu" if pool in (Pool.ANY, Pool.CPU) else "gpu"
         return f"no worker is listening on queue {pool}: start one with `detq worker --pool {start}`"
 
     return hint
+
+
+def full_ledger_disk(settings: Settings) -> str | None:
+    """What to say where the embedded ledger's disk is full: workers then cannot write their heartbeats,
+    so they look gone though they run; None where it has room, or the ledger is a server's."""
+    if settings.database_url:
+        return None
+    folder = settings.resolved_data_dir
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= LOW_DISK_BYTES:
+        return None
+    return (
+        f"the disk of the ledger ({folder}) is full ({free} bytes free): workers cannot write their"
+        " heartbeats or results until space is freed; nothing is lost, they go on then"
+    )
 
 
 def follow(

@@ -58,7 +58,7 @@ def _claim(factory: Factory, job_id: int, ids: list[int], me: int) -> list[int]:
         view = claimable_images(
             s, job_id, ids, me=me, now=now, seen_since=now - TIMEOUT, still_running=lambda _: True
         )
-        return claim(s, view.free, me=me, batch_id=7, now=now)
+        return claim(s, view.free, me=me, batch_id=7, now=now, let_go=view.let_go)
 
 
 def _attempts(factory: Factory, ids: list[int]) -> list[int]:
@@ -99,6 +99,32 @@ def test_claims_of_a_closed_stale_dead_or_idle_process_are_free_again(factory: F
     # And a second start counts a second attempt
     assert _claim(factory, job_id, ids, other) == ids
     assert _attempts(factory, ids) == [2, 2]
+
+
+def test_a_claim_a_live_process_let_go_of_is_taken_over_without_counting_a_death(factory: Factory) -> None:
+    # Given images claimed by a process whose batch then gave up (the ledger stayed away past the retries)
+    # and which lives on, beating with no batch in hand
+    job_id, ids = _job(factory, 2)
+    gave_up, other = _worker(factory, 601), _worker(factory, 602)
+    _claim(factory, job_id, ids, gave_up)
+    with factory() as s, s.begin():
+        beat(s, gave_up, utcnow(), Beat(current_batch_id=None))
+    # When another process looks at the batch again, Then the images are free and none died on them
+    now = utcnow()
+    with factory() as s:
+        view = claimable_images(
+            s, job_id, ids, me=other, now=now, seen_since=now - TIMEOUT, still_running=lambda _: True
+        )
+    assert [i.id for i in view.free] == ids and view.let_go == {gave_up}
+    assert [view.deaths(i) for i in view.free] == [0, 0]
+    # And its claim keeps the one attempt: the start it takes over did not die
+    assert _claim(factory, job_id, ids, other) == ids
+    assert _attempts(factory, ids) == [1, 1]
+    # And so when the process that let go finds them again itself
+    with factory() as s, s.begin():
+        s.execute(sa.update(Image).where(Image.id.in_(ids)).values(claimed_by=gave_up))
+    assert _claim(factory, job_id, ids, gave_up) == ids
+    assert _attempts(factory, ids) == [1, 1]
 
 
 def test_a_silent_worker_is_closed_as_lost_and_a_beat_brings_it_back(factory: Factory) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sqlite3
@@ -23,6 +24,7 @@ from db.engine import (
     read_only,
 )
 from db.models import ModelRecord
+from db.retry import unavailable_reason
 from tests.ledger_support import migrate
 
 
@@ -233,7 +235,11 @@ def _wrap(error: Exception, kind: type[exc.DBAPIError] = exc.OperationalError) -
         (_wrap(psycopg.OperationalError("server closed the connection unexpectedly")), True),
         (_wrap(psycopg.errors.UniqueViolation("duplicate key"), exc.IntegrityError), False),
         (_wrap(psycopg.errors.UndefinedTable("relation does not exist"), exc.ProgrammingError), False),
-        (_wrap(psycopg.errors.DiskFull("no space left"), exc.OperationalError), False),
+        # A full disk is the environment's: waiting cures it, and no image is failed for it (issue 40)
+        (_wrap(psycopg.errors.DiskFull("no space left"), exc.OperationalError), True),
+        (_wrap(psycopg.errors.OutOfMemory("out of memory"), exc.OperationalError), True),
+        (_wrap(sqlite3.OperationalError("database or disk is full")), True),
+        (_wrap(sqlite3.OperationalError("disk I/O error")), True),
         (exc.DBAPIError("SELECT 1", {}, Exception("gone"), connection_invalidated=True), True),
         (exc.DisconnectionError("connection lost"), True),
         (ValueError("not a database error"), False),
@@ -268,6 +274,30 @@ def test_real_sqlite_lock_is_transient(sqlite_url: str) -> None:
     finally:
         holder.close()
         impatient.dispose()
+
+
+def test_a_real_full_sqlite_ledger_is_transient_and_said_in_one_line(sqlite_url: str) -> None:
+    # Given a ledger that may not grow (SQLite's max_page_count, as a full disk stops it)
+    migrate(sqlite_url)
+    engine = sa.create_engine(sqlite_url)
+    try:
+        with pytest.raises(exc.OperationalError) as caught, engine.begin() as conn:
+            pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+            conn.exec_driver_sql(f"PRAGMA max_page_count = {pages}")
+            conn.exec_driver_sql("CREATE TABLE filler (x BLOB)")
+            conn.exec_driver_sql("INSERT INTO filler VALUES (zeroblob(1000000))")
+        # When a write meets it, Then it is transient, and what a command prints is one line
+        assert is_transient_error(caught.value)
+        assert unavailable_reason(caught.value) == "the ledger is unavailable: database or disk is full"
+        assert unavailable_reason(ValueError("a bug")) is None
+        full = OSError(errno.ENOSPC, "No space left on device", "/data/broker/x.msg")
+        assert unavailable_reason(RuntimeError("send failed").with_traceback(None)) is None
+        try:
+            raise RuntimeError("send failed") from full
+        except RuntimeError as wrapped:
+            assert unavailable_reason(wrapped) == "No space left on device (/data/broker/x.msg)"
+    finally:
+        engine.dispose()
 
 
 def test_real_postgresql_errors_are_classified(postgres_url: str) -> None:

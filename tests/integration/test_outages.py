@@ -13,6 +13,8 @@ from db.ledger import ledger
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
 from detq.vocabulary import Pool
+from dispatch.broker import read_broker
+from dispatch.reconcile import reconcile
 from producer.enqueue import EnqueueError, enqueue_folders
 from producer.status import job_status
 from tests.integration.faults import (
@@ -83,6 +85,8 @@ def _survives(deployment: Deployment, tmp_path: Path, outage: Callable[[], None]
     print(f"\n{what}: job finished {finished_at - back_at:.1f} s after the service came back")
     check = check_ledger(deployment, job_id, images, before)
     assert set(check.statuses.values()) == {"done"}, "an image was failed or lost for the outage"
+    # And no attempt was counted for it: attempts count the processes that died on an image, and none did
+    assert set(check.attempts.values()) == {1}, check.attempts
 
 
 def test_redis_restarted_mid_run_the_job_completes(
@@ -115,7 +119,7 @@ def test_postgres_down_for_30_s_mid_run_loses_and_fails_nothing(
     _survives(deployment, tmp_path, stop_for_30_s, "postgres outage")
 
 
-def test_the_broker_lost_mid_enqueue_closes_the_job_with_its_reason(
+def test_the_broker_lost_mid_enqueue_closes_the_job_and_its_images_run_once_it_is_back(
     throwaway_redis: ThrowawayRedis, tmp_path: Path
 ) -> None:
     # Given an enqueue of 4100 files (three chunks) whose broker dies once the first chunk is queued
@@ -144,10 +148,18 @@ def test_the_broker_lost_mid_enqueue_closes_the_job_with_its_reason(
             )
         with led.sessions() as session:
             status = job_status(session, 1)
+        # Then it stopped with one clear message, and the job is closed with the images it recorded, none
+        # of them failed for the broker's absence: they are pending
+        message = str(raised.value)
+        assert message.startswith("job 1 closed with the ") and "which run once the broker is back" in message
+        assert "--only-new for the rest" in message and "\n" not in message
+        assert status.state == "running" or status.state == "queued"
+        assert status.failed == 0 and status.pending == status.total > 0
+        assert status.closed_reason is not None and "broker became unreachable" in status.closed_reason
+        # And once the broker is back, a reconciler pass sends every batch of them
+        throwaway_redis.start()
+        report = reconcile(led, app, settings, job_id=1, grace_s=0)
+        queued = read_broker(app, settings).queued
     app.close()
-    # Then it stopped with one clear message, and the job is closed: nothing left to run later on its own
-    message = str(raised.value)
-    assert message.startswith("job 1 closed, its images failed: not queued: the broker became unreachable")
-    assert "\n" not in message
-    assert status.state == "finished" and status.pending == 0 and status.failed == status.total > 0
-    assert status.closed_reason is not None and "broker became unreachable" in status.closed_reason
+    assert report.resent_images == status.total
+    assert len(queued) == report.resent_batches > 0
