@@ -221,6 +221,42 @@ def save_exported_boxes(path: Path) -> Path:
     return path
 
 
+def save_exported_conv_yolo(path: Path) -> Path:
+    """A torch.export program of a small convolutional net with YOLOv8's raw output ([B, 4 + 2, 100] at
+    320x320, a dynamic batch): random weights whose boxes and scores follow the image's content."""
+    import torch
+
+    class ConvYolo(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.features = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 8, 3, stride=4, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(8, 16, 3, stride=4, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.AdaptiveAvgPool2d(10),
+                torch.nn.Conv2d(16, 6, 1),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raw = self.features(x).flatten(2)  # [B, 6, 100]
+            grid = torch.arange(100, device=x.device, dtype=x.dtype)
+            cx = (grid % 10 + 0.5) * 32 + torch.tanh(raw[:, 0]) * 16
+            cy = (grid // 10 + 0.5) * 32 + torch.tanh(raw[:, 1]) * 16
+            size = 24 + 40 * torch.sigmoid(raw[:, 2:4])
+            scores = torch.sigmoid(raw[:, 4:6] * 4)
+            return torch.cat([cx[:, None], cy[:, None], size, scores], dim=1)
+
+    meta = {"format": "yolov8", "classes": ["cat", "dog"], "input_size": [320, 320]}
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(
+        ConvYolo().eval(), (torch.zeros(2, 3, 320, 320),), dynamic_shapes={"x": {0: batch}}
+    )
+    torch.export.save(program, str(path), extra_files={"detq.json": json.dumps(meta)})
+    return path
+
+
 def save_traced_with_baked_device(path: Path, device: str = "cuda:0") -> Path:
     """A traced final-boxes model whose graph carries torch.device(<device>) as a constant.
 
@@ -277,6 +313,7 @@ def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -
         "retinanet": _retinanet,
         "fcos": _fcos,
         "fasterrcnn_r18": _fasterrcnn_r18,
+        "ssd": detection.ssd300_vgg16,
     }
     torch.manual_seed(0)
     model = builders[name](weights=None, weights_backbone=None).eval()

@@ -1,17 +1,21 @@
-"""The worker's commands: run a pool, inspect or pack a model. The only commands that load torch."""
+"""The worker's commands: run a pool, inspect, pack or check a model. The only commands that load torch."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
+from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings, with_inference_flags
 from detq.cli.output import print_json
 from detq.contract import INFERENCE_QUEUES
 from detq.errors import DetqError
 from detq.vocabulary import ModelFormat, Precision, WorkerPool, choices
+
+if TYPE_CHECKING:
+    from worker.check import CheckReport
 
 FORMAT_CHOICE = click.Choice(choices(ModelFormat))
 
@@ -116,7 +120,7 @@ def _parse_queues(text: str | None) -> list[str] | None:
 
 @click.group(cls=DetqGroup)
 def model() -> None:
-    """Inspect a model file, or embed metadata."""
+    """Inspect a model file, check detq's answers against it, or embed metadata."""
 
 
 @model.command(
@@ -211,3 +215,103 @@ def pack(path: Path, meta: Path, output: Path, as_json: bool) -> None:
         print_json(packed)
     else:
         click.echo(f"wrote {packed['path']} (sha256 {packed['sha256']})")
+
+
+@model.command(
+    "check",
+    epilog=examples(
+        "detq model check detector.pt ~/photos",
+        "detq model check yolov8n.torchscript /data/cam1 --sample 32 --conf 0.4 --json",
+        "DETQ_FAST_DECODE=true detq model check detector.pt ~/photos   # what an opt-in trades",
+    ),
+)
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False, exists=True), required=False)
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="How many of the folder's images, spread over it (without a folder: made-up photos).",
+)
+@click.option("--device", default="cpu", show_default=True, help="Device to run it on: cpu, cuda:0, ...")
+@click.option(
+    "--conf", type=click.FloatRange(0.0, 1.0), help="Score threshold (default: DETQ_SCORE_THRESHOLD)."
+)
+@click.option("--classes", metavar="NAMES", help="Classes kept: names or label ids (default: DETQ_CLASSES).")
+@click.option("--imgsz", metavar="H,W", help="Input size of a fixed-input model (default: DETQ_INPUT_SIZE).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def check(
+    path: Path,
+    folder: Path | None,
+    sample: int,
+    device: str,
+    conf: float | None,
+    classes: str | None,
+    imgsz: str | None,
+    as_json: bool,
+) -> None:
+    """Whether detq stores what your model gives, on your own images.
+
+    Runs the model the plain way (the file as saved, Pillow with EXIF orientation, one image a call) and
+    as a worker here runs it (its exact rewrites, micro-batches, DETQ_* settings) over a sample of the
+    folder, and compares each image's boxes: matched at IoU >= 0.99 with scores within 1e-3. Exit 1 when
+    any image differs.
+    """
+    _require_torch("detq model check")
+    from producer.scan import scan_roots
+    from worker.check import check_model, made_up_photos, sample_of
+
+    settings = with_inference_flags(load_settings(), conf, classes, imgsz)
+    if folder is None:
+        with made_up_photos(sample) as photos:
+            report = check_model(path, photos, settings, device)
+    else:
+        found = sorted(Path(f.path) for f in scan_roots([folder.resolve()]) if f.refused is None)
+        if not found:
+            raise DetqError(f"no image file in {folder}")
+        report = check_model(path, sample_of(found, sample), settings, device)
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        for line in check_lines(report, folder):
+            click.echo(line)
+    if not report.agrees:
+        raise SystemExit(EXIT_ERROR)
+
+
+def check_lines(report: CheckReport, folder: Path | None) -> list[str]:
+    """The check's report as text: what ran, a line per image, the verdict."""
+    where = str(folder) if folder is not None else "made-up photos (give a FOLDER for your own)"
+    lines = [
+        f"{Path(report.model).name} on {report.device}, {len(report.images)} images of {where}",
+        f"settings: {report.settings}"
+        + (f"; trading exactness: {', '.join(report.trades)}" if report.trades else ""),
+        report.forwards,
+        f"{'image':<32} {'size':>10} {'plain':>6} {'detq':>6} {'match':>6} {'score diff':>11}"
+        f" {'corner px':>10}",
+    ]
+    for image in report.images:
+        name = Path(image.path).name[:32]
+        if image.agreement is None:
+            lines.append(f"{name:<32} {image.error}")
+            continue
+        found = image.agreement
+        lines.append(
+            f"{name:<32} {f'{image.width}x{image.height}':>10} {found.expected:>6} {found.found:>6}"
+            f" {found.matched:>6} {found.max_score_diff:>11.2g} {found.max_corner_diff:>10.3g}"
+            + ("" if image.agrees else "  DIFFERS")
+        )
+    total = report.totals()
+    agreeing = sum(1 for image in report.images if image.agrees)
+    verdict = (
+        f"{agreeing} of {len(report.images)} images agree: recall {total.recall:.3f}, precision"
+        f" {total.precision:.3f} at IoU >= 0.99; largest score difference {total.max_score_diff:.2g}"
+        f" (tolerance 1e-3), largest corner difference {total.max_corner_diff:.3g} px"
+    )
+    lines.append(verdict)
+    if not report.agrees and report.trades:
+        lines.append(
+            f"{', '.join(report.trades)} trade exactness for speed: see docs/models.md, or turn them off"
+        )
+    return lines

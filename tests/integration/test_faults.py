@@ -164,7 +164,7 @@ def test_a_producer_killed_mid_scan_leaves_a_job_that_closes_and_finishes(
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(20000):
-        (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each fails fast with a reason
+        (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each is rejected fast with a reason
     with running_worker(embedded, concurrency=2):
         producer = subprocess.Popen(
             [*DETQ, "enqueue", str(folder), "--batch-size", "256"], env=embedded.env()
@@ -182,7 +182,7 @@ def test_a_producer_killed_mid_scan_leaves_a_job_that_closes_and_finishes(
     elapsed = finished_at - killed_at
     print(f"\nproducer killed: job closed and finished {elapsed:.1f} s later, {status['total']} images")
     assert status["closed_reason"] and "producer stopped" in str(status["closed_reason"])
-    assert int(status["pending"]) == 0 and int(status["failed"]) == int(status["total"]) > 0
+    assert int(status["pending"]) == 0 and int(status["rejected"]) == int(status["total"]) > 0
 
 
 def _mid_scan(deployment: Deployment) -> bool:

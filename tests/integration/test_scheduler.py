@@ -219,7 +219,7 @@ def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
     folder = tmp_path / "cams"
     folder.mkdir()
     for i in range(20000):
-        (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each fails fast with a reason
+        (folder / f"{i:05d}.jpg").write_bytes(b"")  # empty: each is rejected fast with a reason
     # Batches of 64: however much the scan records before the kill (it records a 2,000-row chunk while
     # the one before is sent), the workers finish it in seconds.
     configure(embedded, tmp_path, folder, "*/5 * * * * *", batch_size=64)
@@ -236,7 +236,7 @@ def test_a_scheduler_killed_mid_scan_leaves_a_run_that_closes_and_finishes(
         # Then the run's job is closed with what was recorded and finishes, with no person involved
         finished = wait_until_finished(embedded, run.job_id, timeout=120)
     print(f"\nscheduler killed: run closed and finished {time.monotonic() - killed_at:.1f} s later")
-    assert finished.pending == 0 and finished.total > 0 and finished.failed == finished.total
+    assert finished.pending == 0 and finished.total > 0 and finished.rejected == finished.total
 
 
 def test_a_scheduler_a_minute_behind_fires_by_the_databases_clock(
