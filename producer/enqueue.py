@@ -20,7 +20,7 @@ from db.schedules_repo import RunCounts, RunKey, set_run_counts
 from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULTS, InferenceSettings
-from detq.modelfile import archive_kind, file_sha256, read_embedded_meta
+from detq.modelfile import file_sha256, identify_model_file, read_embedded_meta
 from detq.vocabulary import Pool
 from dispatch.send import broker_error_reason, check_broker
 from producer.enqueue_watch import EnqueueWatch
@@ -242,14 +242,15 @@ def check_classes(classes: Sequence[str], meta: dict[str, object], model_file: P
 
 
 def check_model_file(model_path: Path) -> Path:
-    """The resolved model file; EnqueueError unless it is a TorchScript or torch.export archive."""
+    """The resolved model file; EnqueueError unless it is a TorchScript or torch.export archive, saying
+    what it is instead (a state_dict, a pickled module, an Ultralytics checkpoint, ONNX...) and the command
+    that converts it: read without torch or unpickling, before any job or worker exists."""
     model_file = model_path.expanduser().resolve()
     if not model_file.is_file():
         raise EnqueueError(f"model file not found: {model_path}")
-    if archive_kind(model_file) == "unknown":
-        raise EnqueueError(
-            f"{model_path} is not a model file detq can load (a TorchScript or torch.export archive)"
-        )
+    found = identify_model_file(model_file)
+    if not found.runs:
+        raise EnqueueError(found.refusal(str(model_path)))
     return model_file
 
 

@@ -189,7 +189,7 @@ def process_batch(
     # The batch is this process's before its claim commits: a heartbeat (another thread) between that
     # commit and the detection would otherwise write "no current batch" over the claim's, and a backup copy
     # would then take the fresh claims for a dead process's, counting one more attempt on each.
-    runtime.stats.current_batch_id = batch_id
+    runtime.stats.start(batch_id)
     try:
         return _run_batch(runtime, job_id, image_ids, batch_id, backup=backup)
     finally:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -16,8 +17,9 @@ from worker.ahead import map_ahead
 from worker.decode import DecodedImage, Geometry, ImageRejected, ImageUnreadable, decode_image
 from worker.inference import InferenceOutcome, forward_batches, forward_step, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
-from worker.models.formats import ModelInput
+from worker.models.formats import ModelInput, TorchvisionAdapter
 from worker.models.loading import LoadedModel
+from worker.models.verify import RewriteCheck
 from worker.paths import PathRejected, open_confined
 from worker.rows import decoded_rows
 from worker.runtime import WorkerRuntime
@@ -116,6 +118,8 @@ def detect_images(
     (Pillow and OpenCV release the GIL).
     Decoded images go to the model in forwards as soon as one is full (forward_batches: the micro-batch,
     on a CPU DETQ_CPU_FORWARD_PIXELS, and only images the model's grouping lets share a forward).
+    While the rewrites made at load are still to be verified on real forwards, each forward is also run
+    by the model as saved, which answers where they differ (checked, worker.models.verify).
     At the soft time limit, DetectionTimedOut carries the results so far and the images in flight.
     """
     results: dict[int, ImageResult] = {}
@@ -154,10 +158,24 @@ def detect_images(
     batches = forward_batches(
         decoded(), _model_input, step, pixel_budget(model, cpu_pixels), model.grouping.key
     )
+    rewrites = model.rewrite_check
+
+    def again(
+        chunk: list[tuple[PendingImage, Ready, float]], check: RewriteCheck
+    ) -> tuple[list[InferenceOutcome], bool]:
+        images_again = [image for image, _, _ in chunk]
+        return as_saved_outcomes(runtime, model, check, images_again, roots, fast_decode=fast_decode)
+
     try:
         for chunk in batches:
             on_now.ids = [image.id for image, _, _ in chunk]
-            outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
+            if rewrites is not None and rewrites.fell_back:
+                outcomes, _ = again(chunk, rewrites)
+            else:
+                exercised = rewrites.exercised() if rewrites is not None else 0
+                outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
+                if rewrites is not None and rewrites.pending:
+                    outcomes = checked(rewrites, chunk, outcomes, partial(again, chunk, rewrites), exercised)
             for (image, done, decode_ms), outcome in zip(chunk, outcomes, strict=True):
                 results[image.id] = result_for(image, done.geometry, decode_ms, outcome, model)
             on_now.ids = []
@@ -165,6 +183,59 @@ def detect_images(
         in_flight = [i for i in on_now.ids if i not in results]
         raise DetectionTimedOut(list(results.values()), in_flight) from exc
     return [results[image.id] for image in images]
+
+
+def as_saved_outcomes(
+    runtime: WorkerRuntime,
+    model: LoadedModel,
+    check: RewriteCheck,
+    images: Sequence[PendingImage],
+    roots: Sequence[str],
+    *,
+    fast_decode: bool = False,
+) -> tuple[list[InferenceOutcome], bool]:
+    """The model as saved (none of the rewrites, answering as model does) over these images, each decoded
+    again from its file; one that no longer decodes is an error outcome with the reason. Returns them, and
+    whether every image decoded again."""
+    adapter = TorchvisionAdapter() if isinstance(model.adapter, TorchvisionAdapter) else model.adapter
+    as_saved = replace(check.reference(), meta=model.meta, adapter=adapter)
+    outcomes: dict[int, InferenceOutcome] = {}
+    inputs: list[tuple[int, ModelInput]] = []
+    for index, image in enumerate(images):
+        decoded = prepare_image(runtime, as_saved, image, roots, fast_decode=fast_decode)
+        if isinstance(decoded, ImageResult):
+            outcomes[index] = InferenceOutcome(None, decoded.reason or "cannot decode image again", 0.0)
+        else:
+            inputs.append((index, adapter.shrink(decoded.image)))
+    found = run_model(
+        as_saved, [item for _, item in inputs], len(inputs), runtime.settings.cpu_forward_pixels
+    )
+    outcomes.update((index, outcome) for (index, _), outcome in zip(inputs, found, strict=True))
+    return [outcomes[index] for index in range(len(images))], len(inputs) == len(images)
+
+
+def checked(
+    check: RewriteCheck,
+    chunk: Sequence[tuple[PendingImage, Ready, float]],
+    outcomes: list[InferenceOutcome],
+    as_saved: Callable[[], tuple[list[InferenceOutcome], bool]],
+    exercised_before: int,
+) -> list[InferenceOutcome]:
+    """One forward's outcomes checked against the model as saved's on the same images: the rewritten
+    model's where they are the same, else the model as saved's (its time in infer_ms). A forward with an
+    image that failed either way, or no longer decodes, is not counted as a check."""
+    if any(outcome.detections is None for outcome in outcomes):
+        return outcomes
+    expected, all_decoded = as_saved()
+    if not all_decoded:
+        return outcomes
+    exercised = check.exercised() > exercised_before
+    found = [o.detections for o in outcomes if o.detections is not None]
+    paths = [image.path for image, _, _ in chunk]
+    same = check.judge(found, [e.detections for e in expected], paths, exercised)
+    if same:
+        return outcomes
+    return [replace(e, infer_ms=o.infer_ms + e.infer_ms) for o, e in zip(outcomes, expected, strict=True)]
 
 
 def _model_input(item: tuple[PendingImage, Ready, float]) -> ModelInput:

@@ -59,26 +59,37 @@ class ProcessStats:
     images_done: int = 0
     current_batch_id: int | None = None
     last_ended: float | None = None  # monotonic time the last batch ended
-    _recent: deque[tuple[float, int]] = field(default_factory=deque)
+    began: float | None = None  # monotonic time the batch in hand began
+    _recent: deque[tuple[float, float, int]] = field(default_factory=deque)  # (began, ended, images)
+
+    def start(self, batch_id: int | None, now: float | None = None) -> None:
+        """A batch begins (its id, where it has one)."""
+        self.current_batch_id = batch_id
+        self.began = time.monotonic() if now is None else now
 
     def add(self, images: int, now: float | None = None) -> None:
         """A batch ended with this many images brought to a terminal state."""
         moment = time.monotonic() if now is None else now
         self.batches_done += 1
         self.images_done += images
-        self._recent.append((moment, images))
+        self._recent.append((moment if self.began is None else self.began, moment, images))
         self.last_ended = moment
+        self.began = None
 
     def idle_since(self) -> float | None:
         """When the last batch ended; None while a batch runs or before the first."""
         return None if self.current_batch_id is not None else self.last_ended
 
     def images_per_s(self, now: float | None = None) -> float:
-        """Images finished per second over the last minute."""
+        """Images of the batches finished in the last minute, per second since the first of them began: a
+        process started 4 s ago that has done 16 images does 4 a second, not 16 over a minute's 60 s."""
         moment = time.monotonic() if now is None else now
-        while self._recent and moment - self._recent[0][0] > RATE_WINDOW_S:
+        while self._recent and moment - self._recent[0][1] > RATE_WINDOW_S:
             self._recent.popleft()
-        return round(sum(n for _, n in self._recent) / RATE_WINDOW_S, 3)
+        if not self._recent:
+            return 0.0
+        span = moment - self._recent[0][0]
+        return round(sum(n for _, _, n in self._recent) / max(span, 1e-3), 3)
 
     def beat(self) -> Beat:
         """The heartbeat's payload."""

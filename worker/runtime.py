@@ -78,6 +78,9 @@ class WorkerRuntime:
             )
         key = (sha256, *load_key(wanted))
         cached = self.models.get(key)
+        if cached is not None and cached.rewrite_check is not None and cached.rewrite_check.fell_back:
+            # Its rewrites gave other detections on a real forward: the model as saved answers from now on.
+            cached = self.models[key] = cached.rewrite_check.reference()
         if cached is None:
             cached = self._load(key, Path(path), wanted)
         self.models.move_to_end(key)

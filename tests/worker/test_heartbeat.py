@@ -10,7 +10,7 @@ from db.ledger import open_ledger
 from db.workers_repo import ROLE_PROCESS, Beat, WorkerIdentity
 from detq.settings import Settings
 from tests.integration.faults import wait_until
-from worker.heartbeat import Heartbeat
+from worker.heartbeat import Heartbeat, ProcessStats
 
 
 def test_liveness_is_judged_only_once_beats_have_been_written_for_a_timeout(tmp_path: Path) -> None:
@@ -42,3 +42,22 @@ def test_liveness_is_judged_only_once_beats_have_been_written_for_a_timeout(tmp_
     finally:
         heart.stop()
         ledger.close()
+
+
+def test_a_process_rate_is_over_the_time_it_has_worked_not_a_whole_minute() -> None:
+    stats = ProcessStats()
+    # A process that began its first batch at t=100 and has finished 16 images 4 s later does 4 a second
+    stats.start(1, now=100.0)
+    stats.add(8, now=102.0)
+    stats.start(2, now=102.0)
+    stats.add(8, now=104.0)
+    assert stats.images_per_s(now=104.0) == 4.0
+    # Idle after, the rate falls (16 images over the 10 s since they began), then ends with the minute
+    assert stats.images_per_s(now=110.0) == 1.6
+    assert stats.images_per_s(now=170.0) == 0.0
+    # Working for longer than the window: the images of the last minute over that minute
+    busy = ProcessStats()
+    for second in range(0, 120, 2):
+        busy.start(second, now=float(second))
+        busy.add(8, now=float(second + 2))
+    assert busy.images_per_s(now=120.0) == 4.0

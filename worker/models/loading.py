@@ -7,25 +7,33 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from detq.modelfile import META_EXTRA_FILE, ULTRALYTICS_EXTRA_FILE, archive_kind, file_sha256
+from detq.modelfile import (
+    META_EXTRA_FILE,
+    ULTRALYTICS_EXTRA_FILE,
+    archive_kind,
+    file_sha256,
+    identify_model_file,
+)
 from detq.vocabulary import ModelFormat, Precision
 from worker.models.batching import ONE_AT_A_TIME, Grouping, choose_grouping
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, TorchvisionAdapter, adapter_for
 from worker.models.introspect import torchvision_fixed_size, torchvision_input_size
-from worker.models.layout import channels_last_where_exact, probe_forwards
+from worker.models.layout import CHANNELS_LAST_KEPT, channels_last_where_exact, probe_forwards
 from worker.models.metadata import MetaOverrides, ModelMeta, ModelMetaError, parse_model_meta, read_sidecar
 from worker.models.optimize import faster_of, optimized_for_cpu
 from worker.models.outputs import ModelOutputError, parse_torchvision_output
 from worker.models.precision import cpu_runs_it_natively, with_precision
 from worker.models.sampled_resize import take_over
-from worker.models.ssd_postprocess import select_detections
+from worker.models.ssd_postprocess import SelectedSsd, select_detections
 from worker.models.ultralytics import parse_ultralytics_config
+from worker.models.verify import RewriteCheck, declining, exercised_count
 from worker.models.warm_up import TORCHVISION_PROBE_SIZE, warm_up, warm_up_and_probe_batch
 from worker.models.yolo import guess_layout, yolo_tensor
 
@@ -73,6 +81,8 @@ class LoadedModel:
     notes: tuple[str, ...] = field(default=())
     # Which images may share a forward (worker.models.batching); one at a time unless load chose.
     grouping: Grouping = ONE_AT_A_TIME
+    # The rewrites made at load, checked again on this process's first real forwards (None: none made).
+    rewrite_check: RewriteCheck | None = None
 
     @property
     def decode_target(self) -> tuple[int, int] | None:
@@ -168,7 +178,8 @@ def load_model_for_device(
     sampled_resize, a fixed-size torchvision detector's input made ahead as its transform would
     (worker.models.sampled_resize), with selected_detections, an SSD's detections chosen from only the
     candidates that can reach them (worker.models.ssd_postprocess), and with channels_last, convolution
-    weights in channels_last, each where the outputs stay the same (worker.models.layout)."""
+    weights in channels_last, each where the outputs stay the same (worker.models.layout); whichever of
+    those it makes are checked again on real forwards (rewrite_check, worker.models.verify)."""
     import torchvision  # noqa: F401 - registers torchvision::nms and friends used by scripted detectors
 
     target = torch.device(device)
@@ -176,6 +187,8 @@ def load_model_for_device(
         raise ModelLoadError(f"model file not found: {path}")
     digest = sha256 or file_sha256(path)
     kind = archive_kind(path)
+    if kind == "unknown":  # a state_dict, a pickled module, an Ultralytics checkpoint...: say which, and how
+        raise ModelLoadError(identify_model_file(path).refusal(str(path)))
     started = time.perf_counter()
     extra: dict[str, Any] = {META_EXTRA_FILE: "", ULTRALYTICS_EXTRA_FILE: ""}
     repaired: list[str] = []
@@ -195,6 +208,8 @@ def load_model_for_device(
     load_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     notes: list[str] = []
+    rewrites: list[str] = []
+    needs_exercise = False
     try:
         if meta.format is None:
             meta, note = _guess_format(module, meta, target)
@@ -212,9 +227,13 @@ def load_model_for_device(
             resize, note = take_over(module, path.name)  # before a freeze makes its mean and std constants
             adapter = TorchvisionAdapter(resize=resize)
             notes.extend([note] if note else [])
+            rewrites.extend(["sampled resize"] if resize is not None else [])
         if selected_detections and exact_cpu and kind != "export" and isinstance(adapter, TorchvisionAdapter):
             module, note = select_detections(module, path.name)  # before a freeze drops its postprocess
             notes.extend([note] if note else [])
+            if isinstance(module, SelectedSsd):
+                rewrites.append("selected detections")
+                needs_exercise = module.chosen_here == 0
         if precision is not Precision.FP32:  # the format is settled at fp32; the warm-up runs at precision
             module = with_precision(module, precision, target)
             if cpu_optimize and target.type == "cpu":
@@ -235,6 +254,7 @@ def load_model_for_device(
             counts = sorted({1, max(1, min(micro_batch, max_batch or micro_batch))})
             note = channels_last_where_exact(module, probe_forwards(adapter, size, target, counts), path.name)
             notes.extend([note] if note else [])
+            rewrites.extend(["channels_last"] if note.startswith(CHANNELS_LAST_KEPT) else [])
         # Last, on the model as it will run: which images may share a forward.
         grouping = choose_grouping(module, adapter, target, micro_batch, max_batch)
         notes.append(grouping.note)
@@ -286,4 +306,26 @@ def load_model_for_device(
         repaired_devices=tuple(repaired),
         notes=tuple(notes),
         grouping=grouping,
+        rewrite_check=None
+        if not rewrites
+        else RewriteCheck(
+            name=path.name,
+            rewrites=tuple(rewrites),
+            load_as_saved=partial(
+                load_model_for_device,
+                path,
+                device,
+                sha256=digest,
+                overrides=overrides,
+                cpu_optimize=cpu_optimize,
+                precision=precision,
+                micro_batch=micro_batch,
+                channels_last=False,
+                sampled_resize=False,
+                selected_detections=False,
+            ),
+            needs_exercise=needs_exercise,
+            exercised_by=exercised_count(module),
+            decline=declining(module),
+        ),
     )

@@ -15,6 +15,7 @@ from detq.modelfile import (
     archive_kind,
     code_device_constants,
     file_sha256,
+    identify_model_file,
     saved_tensor_devices,
 )
 from detq.vocabulary import Precision
@@ -38,7 +39,7 @@ def inspect_model(
         "path": str(path),
         "sha256": file_sha256(path),
         "size_bytes": path.stat().st_size,
-        "kind": archive_kind(path),
+        "kind": identify_model_file(path).kind,
         "saved_tensor_devices": saved_tensor_devices(path),
         "baked_device_constants": code_device_constants(path),
         "device": device,

@@ -139,8 +139,9 @@ def probe_images() -> list[torch.Tensor]:
 
 def select_detections(module: Any, name: str) -> tuple[Any, str]:
     """The module wrapped in SelectedSsd where, on the probes, both its choices and its fallback give the
-    model's own outputs bit for bit; else the module as it was. Returns it and a note ("" for other
-    models)."""
+    model's own outputs bit for bit (where the probes never reach its choices, its chosen_here stays 0:
+    real forwards verify it, worker.models.verify); else the module as it was. Returns it and a note (""
+    for other models)."""
     selection = selection_of(module)
     if selection is None:
         return module, ""
@@ -162,7 +163,10 @@ def select_detections(module: Any, name: str) -> tuple[Any, str]:
     if not same:
         return module, "selected detections: would change the detections, left to the model"
     if wrapped.chosen_here == 0:
-        return module, "selected detections: not exercised by the probes, left to the model"
+        return wrapped, (
+            "selected detections: not exercised by the probes, checked on real forwards until one "
+            "exercises it (worker.models.verify)"
+        )
     return wrapped, (
         f"selected detections: {name}'s detections chosen from only the candidates that can reach them "
         "(the same detections, checked on probes)"

@@ -69,14 +69,6 @@ def test_the_fallback_is_the_models_own_postprocess(calibrated: Path, tmp_path: 
     assert selected.module.chosen_here == 0
 
 
-def test_an_ssdlite_scoring_every_anchor_alike_is_left_to_its_own_postprocess(tmp_path: Path) -> None:
-    """As built with weights=None, every score is 1/91: each order is a sort's tie-break, never selected."""
-    path = save_torchvision_detector(tmp_path / "flat.pt", "ssdlite")
-    loaded = load_model_for_device(path, "cpu", channels_last=False)
-    assert not isinstance(loaded.module, SelectedSsd)
-    assert "selected detections: not exercised by the probes, left to the model" in loaded.notes
-
-
 def test_a_selection_that_differs_on_the_probes_is_not_used(
     calibrated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
