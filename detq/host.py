@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 
 def usable_cores() -> int:
@@ -11,3 +12,10 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
+
+
+def python_command(*args: str) -> list[str]:
+    """This interpreter running args (`-m module ...`, `-c code`) with the working directory kept off
+    sys.path (-P, Python 3.11): `python -m` and `-c` otherwise put it first, and a user's own worker.py or
+    db.py, or a clone's folder named detq/, beside them would shadow detq's packages in the child."""
+    return [sys.executable, "-P", *args]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
 
 from detq.errors import DetqError
+from detq.host import python_command
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
+from producer.progress import WaitTimeout
 
 READY_MARK = "ready on"
 START_TIMEOUT_S = 180.0
@@ -53,7 +54,7 @@ class LocalWorkers:
             DETQ_MODEL=str(self.settings.model),
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "detq.cli", "worker", "--pool", self.pool.value]
+        command = python_command("-m", "detq.cli", "worker", "--pool", self.pool.value)
         if self.processes is not None:  # else the worker's own default: cores, or one per GPU
             command += ["--concurrency", str(self.processes)]
         with self.log_path.open("wb") as log_file:
@@ -62,11 +63,14 @@ class LocalWorkers:
                 command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
 
-    def wait_ready(self) -> None:
-        """Return once every pool process has loaded the model; LocalWorkersFailed otherwise."""
+    def wait_ready(self, until: float | None = None) -> None:
+        """Return once every pool process has loaded the model; LocalWorkersFailed otherwise, and
+        WaitTimeout past `until` (a time.monotonic() deadline: `detq run --timeout`)."""
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
+            if until is not None and time.monotonic() >= until:
+                raise WaitTimeout("timed out while the workers were still loading the model")
             text = self.log_path.read_text(errors="replace")
             if text.count(READY_MARK) >= (self.processes or 1):
                 return

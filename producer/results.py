@@ -129,6 +129,17 @@ def write_results(
     )
 
 
+def check_out_folder(out_dir: Path) -> None:
+    """Make the --out folder, or say in one line why it cannot be written, before anything starts."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".detq-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise DetqError(f"cannot write to --out {out_dir}: {exc.strerror or exc}") from exc
+
+
 def check_copies_folder(out_dir: Path, roots: Sequence[Path]) -> None:
     """Refuse an --out whose images/ folder overlaps a folder being run: the copies keep the folders'
     layout, so they could land on the inputs themselves, and a later scan would take them for images."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
+from detq.host import python_command
 from detq.vocabulary import WorkerPool
 
 _PROBE = "import torch\nprint(torch.cuda.device_count() if torch.cuda.is_available() else 0)\n"
@@ -22,7 +22,7 @@ def probe_cuda_device_count(timeout_s: float = 120.0) -> int:
     """
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+            python_command("-c", _PROBE), capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import click
 from click.shell_completion import get_completion_class
@@ -14,6 +13,7 @@ from db.ledger import ledger
 from db.migrate import current_revision, head_revision, upgrade
 from detq.cli.base import DetqCommand, DetqGroup, examples, load_settings
 from detq.cli.output import print_json
+from detq.host import python_command
 from detq.settings import Settings
 
 SHELLS = ("bash", "zsh", "fish")
@@ -89,7 +89,7 @@ def flower_command(settings: Settings, *, address: str, port: int) -> tuple[list
     env = dict(os.environ)
     if settings.flower_basic_auth:
         env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
-    argv = [sys.executable, "-m", "detq.cli.flower_app", f"--address={address}", f"--port={port}"]
+    argv = python_command("-m", "detq.cli.flower_app", f"--address={address}", f"--port={port}")
     return argv, env
 
 

@@ -57,9 +57,16 @@ def _describe(settings: Settings) -> dict[str, Any]:
         "variables_set": sorted(name for name in os.environ if name.startswith("DETQ_")),
     }
     with ledger(settings, check_schema=False) as led:
-        info["schema"] = {"current": current_revision(led.engine), "needed": head_revision()}
-        with led.reads() as session:
-            views = fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
+        current, needed = current_revision(led.engine), head_revision()
+        info["schema"] = {"current": current, "needed": needed}
+        views: list[WorkerView] = []
+        if current is None:  # a fresh data folder: nothing has made the ledger yet
+            info["schema"]["note"] = "no ledger yet: the first detq run, enqueue or worker creates it"
+        elif current != needed:  # its workers table may lack what this version reads
+            info["schema"]["note"] = f"the ledger is at revision {current}: run detq db upgrade"
+        else:
+            with led.reads() as session:
+                views = fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
     alive = [v for v in views if v.state == "alive"]
     info["workers"] = {
         "nodes": sorted({f"{v.node} ({v.pool})" for v in alive if v.role == "node"}),
@@ -82,7 +89,7 @@ def info(as_json: bool) -> None:
     schema = described["schema"]
     workers = described["workers"]
     size = f"{model['size_bytes'] / 1e6:.1f} MB" if model["exists"] else "MISSING"
-    up_to_date = "up to date" if schema["current"] == schema["needed"] else f"needs {schema['needed']}"
+    up_to_date = schema.get("note") or ("up to date" if schema["current"] == schema["needed"] else "")
     rows = [
         ("detq", f"{described['version']} ({versions})"),
         ("data dir", described["data_dir"]),

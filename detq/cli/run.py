@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,10 +25,16 @@ from detq.settings import Settings
 from detq.vocabulary import Pool, WorkerPool
 from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
-from producer.local_workers import LocalWorkers
+from producer.local_workers import LocalWorkers, LocalWorkersFailed
 from producer.progress import EXIT_FINISHED_WITH_FAILURES, EXIT_TIMED_OUT, WaitTimeout, exit_code_for
-from producer.results import check_copies_folder, folder_exit_code, run_summary_lines, write_results
-from producer.status import JobStatus
+from producer.results import (
+    check_copies_folder,
+    check_out_folder,
+    folder_exit_code,
+    run_summary_lines,
+    write_results,
+)
+from producer.status import JobStatus, job_status
 
 EXIT_INTERRUPTED = 130
 
@@ -103,6 +110,7 @@ def run(
     settings = settings.replace(model=check_model_file(model or settings.model))
     inference = InferenceSettings.from_settings(settings)
     roots = check_roots(folders, settings.allowed_root_paths)
+    check_out_folder(out)
     if save_images:
         check_copies_folder(out, roots)
     worker_pool = WorkerPool(pool)
@@ -110,6 +118,8 @@ def run(
     processes = workers or (usable_cores() if worker_pool is WorkerPool.CPU else None)
     helpers = LocalWorkers(settings, worker_pool, processes, out / "worker.log") if start_here else None
     code, unread, followed = 0, 0, []
+    # --timeout bounds the whole run: the workers' start, the scan and every job followed.
+    deadline = None if timeout is None else time.monotonic() + timeout
     sha256 = file_sha256(settings.model)  # once: a detector file can be hundreds of MB
     with ledger(settings) as led:
         model_id = _model_id(led, settings.model, sha256)
@@ -122,15 +132,25 @@ def run(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
                 helpers.start()  # they load the model while the folders are scanned
-            queued = _queue(led, settings, (model_id, sha256, inference), roots, Pool(pool), (force, as_json))
+            served = Pool(pool) if helpers is not None else None
+            queued = _queue(
+                led, settings, (model_id, sha256, inference), roots, Pool(pool), (force, as_json, served)
+            )
             unread, followed = queued.unreadable, queued.job_ids
             if queued.needs_workers and helpers is not None:
-                helpers.wait_ready()
+                try:
+                    helpers.wait_ready(until=deadline)
+                except LocalWorkersFailed as exc:
+                    head, _, tail = str(exc).partition("\n")
+                    note = _forget_new_job(led, queued.new_job)
+                    raise LocalWorkersFailed(f"{head} ({note})" + (f"\n{tail}" if tail else "")) from exc
             # Each job followed with its progress line; one summary for the run and the folder at the end.
-            finals = [follow(led, settings, job, timeout_s=timeout, quiet=True) for job in followed]
+            finals = [follow(led, settings, job, timeout_s=_left(deadline), quiet=True) for job in followed]
             code = _exit_code(finals)
         except WaitTimeout as exc:
-            click.echo(f"detq run: {exc}; results so far are written", err=True)
+            click.echo(
+                f"detq run: --timeout {timeout:g} s reached ({exc}); results so far are written", err=True
+            )
             code = EXIT_TIMED_OUT
         except KeyboardInterrupt:
             click.echo("\nstopped; the same command resumes where this one stopped", err=True)
@@ -189,12 +209,26 @@ def _model_id(led: Ledger, model: Path, sha256: str) -> int:
 
 
 class Queued(NamedTuple):
-    """What `detq run` queued: the jobs to follow, whether any has images for workers, and how many
-    folders the scan could not read."""
+    """What `detq run` queued: the jobs to follow, whether any has images for workers, how many folders the
+    scan could not read, and the job this run made (None: none kept)."""
 
     job_ids: list[int]
     needs_workers: bool
     unreadable: int
+    new_job: int | None = None
+
+
+def _forget_new_job(led: Ledger, job_id: int | None) -> str:
+    """This run's job deleted where its workers never started (nothing of it done): a next run starts
+    afresh instead of resuming a job queued for workers that could not run. Says what was done."""
+    if job_id is None:
+        return "no job was made"
+    with led.sessions() as session, session.begin():
+        status = job_status(session, job_id, detections=False)
+        if status.done or status.failed:
+            return f"job {job_id} is kept ({status.done + status.failed} of its images ended)"
+        delete_job(session, job_id)
+    return f"job {job_id}, made by this run, was deleted: nothing of it had run"
 
 
 def _queue(
@@ -203,17 +237,29 @@ def _queue(
     model: tuple[int, str, InferenceSettings],
     roots: list[Path],
     pool: Pool,
-    flags: tuple[bool, bool],
+    flags: tuple[bool, bool, Pool | None],
 ) -> Queued:
     """Send again what earlier runs over these folders at these settings left unsent, and queue what is
-    new (every file, with force)."""
+    new (every file, with force); flags: force, quiet, and the pool this run's own workers serve (None:
+    a fleet's, any pool), whose other jobs are not waited on."""
     model_id, sha256, inference = model
-    force, quiet = flags
+    force, quiet, served = flags
     app = make_celery_app(settings)
     try:
         with led.reads() as session:
             earlier = jobs_over_roots(session, model_id, inference.key, [str(r) for r in roots])
             unfinished = [job.id for job in earlier if job.finished_at is None]
+            # An earlier run's job for a pool this run's workers do not serve (`--pool gpu` before, on a
+            # host without a GPU) is not waited on: said, with what to type.
+            elsewhere = [job for job in earlier if job.finished_at is None and not _serves(served, job.pool)]
+        for job in elsewhere:
+            unfinished.remove(job.id)
+            click.echo(
+                f"detq run: job {job.id}, left unfinished by an earlier run, is queued for the {job.pool}"
+                f" pool, which no worker of this run serves: not waiting for it (detq cancel {job.id}, then"
+                f" run again, runs its images here; or detq run --pool {job.pool} where such workers are)",
+                err=True,
+            )
         for job_id in unfinished:
             reconcile(led, app, settings, job_id=job_id, grace_s=0)  # send again what a stop left unsent
         if unfinished and not quiet:
@@ -251,7 +297,19 @@ def _queue(
         with led.sessions() as session, session.begin():
             delete_job(session, new.job_id)
     followed = [*unfinished, new.job_id] if kept else unfinished
-    return Queued(followed, bool(new.total or unfinished), new.notes.unreadable_count)
+    return Queued(
+        followed, bool(new.total or unfinished), new.notes.unreadable_count, new.job_id if kept else None
+    )
+
+
+def _serves(served: Pool | None, pool: str) -> bool:
+    """Whether workers of this run (of pool `served`; None: a fleet's, any pool) take a job of `pool`."""
+    return served is None or pool in (served.value, Pool.ANY.value)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left before the run's deadline (a moment at least, so a follow past it polls once)."""
+    return None if deadline is None else max(0.01, deadline - time.monotonic())
 
 
 def _exit_code(finals: list[JobStatus]) -> int:

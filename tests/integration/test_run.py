@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,166 @@ def test_reruns_over_hopeless_files_start_no_worker_for_them_and_keep_exit_code_
             "1 x empty file (0 bytes)" in again.stderr and "1 x not a recognised image format" in again.stderr
         )
         assert "ready on" not in (out / "worker.log").read_text()
+
+
+def test_run_from_a_folder_holding_files_named_as_its_packages(embedded: Deployment, tmp_path: Path) -> None:
+    # Given a working folder holding a clone's folder named detq/, and a worker.py and a db.py of one's own,
+    # each of which breaks anything that imports it
+    here = tmp_path / "work"
+    (here / "detq").mkdir(parents=True)
+    (here / "detq" / "README.md").write_text("a clone of detq\n")
+    for name in ("worker.py", "db.py", "producer.py"):
+        (here / name).write_text(f"raise ImportError('the user\\'s own {name} was imported')\n")
+    images = write_images(tmp_path / "in", 6)
+    out = tmp_path / "results"
+    # When detq run (its installed command, as a user types it) runs from there
+    detq = Path(sys.executable).parent / "detq"
+    done = subprocess.run(
+        [str(detq), "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--json"],
+        env=embedded.env(),
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Then its workers imported detq's own packages, and every image is done
+    assert done.returncode == 0, done.stderr[-3000:] + (out / "worker.log").read_text()[-3000:]
+    assert "the user's own" not in (out / "worker.log").read_text()
+    assert sorted(row["path"] for row in _done_lines(out)) == sorted(str(p) for p in images)
+
+
+def _ultralytics_checkpoint(work: Path) -> Path:
+    """An Ultralytics .pt checkpoint, as `yolo train` leaves one (made in its own process, offline)."""
+    code = (
+        "import sys; from pathlib import Path; from bench.yolo_export import prepare_ultralytics; "
+        "u = prepare_ultralytics(Path(sys.argv[1])); u.YOLO('yolov8n.yaml').save(sys.argv[1] + '/best.pt')"
+    )
+    work.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(work)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work / "best.pt"
+
+
+def test_a_model_file_detq_cannot_run_is_named_in_one_line_before_anything_starts(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    import torch
+    import torchvision
+
+    # Given the files people have: a state_dict, a whole pickled detector, an Ultralytics checkpoint
+    detector = torchvision.models.detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+    torch.save(detector.state_dict(), tmp_path / "detector.pth")
+    torch.save(detector, tmp_path / "detector_whole.pt")
+    files = {
+        "detector.pth": "is a state_dict (weights only, no architecture)",
+        "detector_whole.pt": "is a whole module saved with torch.save (torchvision.models.detection.ssd.SSD",
+        "best.pt": "is an Ultralytics checkpoint, not a model file detq runs",
+    }
+    _ultralytics_checkpoint(tmp_path)
+    images = write_images(tmp_path / "in", 4)
+    for name, says in files.items():
+        # When detq run is given it
+        started = time.monotonic()
+        done = subprocess.run(
+            [
+                *DETQ,
+                "run",
+                str(tmp_path / "in"),
+                "--model",
+                str(tmp_path / name),
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            env=embedded.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        took = time.monotonic() - started
+        # Then it says in one line what the file is and the command that converts it, and starts nothing
+        print(f"\n{name}: refused in {took:.1f} s: {done.stderr.strip()}")
+        assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+        assert says in done.stderr and "Traceback" not in done.stderr
+        assert ("yolo export model=best.pt format=torchscript" in done.stderr) == (name == "best.pt")
+        assert not (tmp_path / "o" / "worker.log").exists()
+    # And no job was made
+    assert embedded.run_json("jobs", "--all") == []
+    assert len(images) == 4
+
+
+def test_timeout_bounds_the_whole_run_from_the_workers_start(embedded: Deployment, tmp_path: Path) -> None:
+    # Given 64 images at about 0.25 s each (16 s of work for one process) and a run given 4 s in all,
+    # the workers' start included
+    embedded.model = save_slow_model(tmp_path / "slow.pt", 250)
+    embedded.extra.update({"DETQ_BATCH_SIZE": "8", "DETQ_TORCH_THREADS": "1"})
+    write_images(tmp_path / "in", 64)
+    out = tmp_path / "results"
+    started = time.monotonic()
+    done = subprocess.run(
+        [*DETQ, "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--timeout", "4"],
+        env=embedded.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.monotonic() - started
+    # Then it gave up with exit 5 and said so in one line, having written what was done, well before the
+    # work could have finished (the workers stop warm: the batch in hand, 2 s, finishes)
+    print(f"\n--timeout 4: ended after {took:.1f} s")
+    assert done.returncode == 5, done.stderr
+    assert "--timeout 4 s reached" in done.stderr and "Traceback" not in done.stderr
+    assert took < 16
+    assert (out / "detections.jsonl").exists()
+
+
+def test_a_run_whose_workers_cannot_start_leaves_no_job_and_no_run_waits_on_another_pool(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    images = write_images(tmp_path / "in", 6)
+    out = tmp_path / "results"
+
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        command = [*DETQ, "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", *flags]
+        return subprocess.run(command, env=embedded.env(), capture_output=True, text=True, timeout=300)
+
+    # When a run asks for the GPU pool on a host without a GPU
+    gpu = run("--pool", "gpu")
+    # Then it fails saying why, and leaves no job behind for the next run to resume
+    assert gpu.returncode != 0 and "Traceback" not in gpu.stderr
+    assert "made by this run, was deleted: nothing of it had run" in gpu.stderr, gpu.stderr
+    assert embedded.run_json("jobs", "--all") == []
+    # Given a job an enqueue left for the GPU pool
+    enqueued = subprocess.run(
+        [*DETQ, "enqueue", str(tmp_path / "in"), "--pool", "gpu", "--json"],
+        env=embedded.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    job_id = int(json.loads(enqueued.stdout.strip().splitlines()[-1])["job_id"])
+    # When a plain run goes over the folder (its workers serve the CPU pool)
+    started = time.monotonic()
+    plain = run()
+    # Then it does not wait on that job: it says so, and what to type
+    print(f"\nplain run beside a GPU job ended in {time.monotonic() - started:.1f} s: {plain.stderr.strip()}")
+    assert f"job {job_id}, left unfinished by an earlier run, is queued for the gpu pool" in plain.stderr
+    assert f"detq cancel {job_id}" in plain.stderr
+    # And once that job is cancelled, the next run runs its images here
+    cancelled = subprocess.run(
+        [*DETQ, "cancel", str(job_id)], env=embedded.env(), capture_output=True, text=True, timeout=120
+    )
+    assert cancelled.returncode == 0, cancelled.stderr
+    again = run()
+    assert again.returncode == 0, again.stderr
+    assert sorted(row["path"] for row in _done_lines(out) if row["status"] == "done") == sorted(
+        str(p) for p in images
+    )

@@ -287,6 +287,31 @@ def test_export_into_a_missing_folder_is_a_clear_error(
     assert err == f"detq export: cannot write {missing / 'r.csv'}: folder {missing} does not exist"
 
 
+def test_info_on_a_fresh_data_folder_says_no_ledger_yet(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a data folder nothing has used yet: detq info says where things are, and that no ledger is made
+    assert main(["info", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["schema"]["current"] is None and "no ledger yet" in described["schema"]["note"]
+    assert described["workers"]["processes"] == 0
+    assert main(["info"]) == 0
+    assert "no ledger yet: the first detq run" in capsys.readouterr().out
+
+
+def test_run_into_an_out_it_cannot_write_is_one_line_before_anything_starts(
+    embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (embedded / "in").mkdir()
+    write_jpeg(embedded / "in" / "a.jpg", (64, 48))
+    (embedded / "taken").write_text("a file where --out's parent would be")
+    out = embedded / "taken" / "results"
+    assert main(["run", str(embedded / "in"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"detq run: cannot write to --out {out}: Not a directory"]
+    assert main(["jobs", "--all", "--json"]) == 0 and json.loads(capsys.readouterr().out) == []  # no job made
+
+
 def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_line(
     embedded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -298,7 +323,7 @@ def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_lin
     argv, env = flower_command(get_settings(), address="127.0.0.1", port=5555)
     assert "--address=127.0.0.1" in argv and not any("hunter2" in arg for arg in argv)
     # The child reads the broker from detq's settings in its environment (detq.cli.flower_app)
-    assert argv[1:3] == ["-m", "detq.cli.flower_app"]
+    assert argv[1:4] == ["-P", "-m", "detq.cli.flower_app"]
     assert env["DETQ_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
     assert env["FLOWER_BASIC_AUTH"] == "ops:secret"
 
