@@ -19,5 +19,11 @@ CMD ["detq", "--help"]
 
 FROM slim AS worker
 USER root
-RUN pip install --no-cache-dir '.[worker,flower]'
+# torch in the range the test suite runs (a newer CUDA build can need a newer driver than the host has).
+# CPU-only boxes: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu installs the CPU build
+# (its torch wheel about 190 MB, against about 3.2 GB of CUDA wheels with the default build).
+ARG TORCH_INDEX_URL=
+ARG TORCH_SPEC="torch>=2.14,<2.15 torchvision>=0.29,<0.30"
+RUN if [ -n "$TORCH_INDEX_URL" ]; then pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" $TORCH_SPEC; fi \
+    && pip install --no-cache-dir '.[worker,flower]' $TORCH_SPEC
 USER detq

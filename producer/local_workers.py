@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -63,22 +64,42 @@ class LocalWorkers:
                 command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
 
-    def wait_ready(self, until: float | None = None) -> None:
+    def wait_ready(
+        self, until: float | None = None, on_wait: Callable[[int, int], None] | None = None
+    ) -> None:
         """Return once every pool process has loaded the model; LocalWorkersFailed otherwise, and
-        WaitTimeout past `until` (a time.monotonic() deadline: `detq run --timeout`)."""
+        WaitTimeout past `until` (a time.monotonic() deadline: `detq run --timeout`). on_wait(ready,
+        expected) is called at each look at the log, for progress."""
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
+        expected = self.processes or 1
         while time.monotonic() < deadline:
             if until is not None and time.monotonic() >= until:
                 raise WaitTimeout("timed out while the workers were still loading the model")
             text = self.log_path.read_text(errors="replace")
-            if text.count(READY_MARK) >= (self.processes or 1):
+            ready = text.count(READY_MARK)
+            if on_wait is not None:
+                on_wait(min(ready, expected), expected)
+            if ready >= expected:
                 return
             if self.proc.poll() is not None:
                 tail = "\n".join(text.strip().splitlines()[-5:])
                 raise LocalWorkersFailed(f"workers exited with code {self.proc.returncode}:\n{tail}")
             time.sleep(0.2)
         raise LocalWorkersFailed(f"workers not ready after {START_TIMEOUT_S:.0f} s; see {self.log_path}")
+
+    def warnings(self) -> list[str]:
+        """The workers' own warnings that concern the user (detq's: a format guessed, an optimisation left
+        off, a rewrite that fell back), each once, as the log has them."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        found: dict[str, None] = {}
+        for line in text.splitlines():
+            if "WARNING" in line and "] detq: " in line:
+                found[line.split("] detq: ", 1)[1].strip()] = None
+        return list(found)
 
     def check_alive(self) -> None:
         """LocalWorkersFailed if the workers exited."""

@@ -57,8 +57,9 @@ def test_docker_compose_validates_the_file() -> None:
 
 
 def test_a_fresh_clone_needs_no_file_that_is_not_in_the_repository(services: dict[str, Any]) -> None:
-    # The default model is the bundled one (an empty DETQ_MODEL means the default)
-    assert services["worker-cpu"]["environment"]["DETQ_MODEL"] == "${DETQ_MODEL:-}"
+    # The default model is the bundled one (an empty DETQ_MODEL means the default); a host shell's own
+    # DETQ_MODEL (a host path) never reaches the containers
+    assert services["worker-cpu"]["environment"]["DETQ_MODEL"] == "${DETQ_COMPOSE_MODEL:-}"
     # The scheduler starts only when asked for, and its default schedules file exists
     assert services["scheduler"]["profiles"] == ["scheduler"]
     (schedules,) = [v for v in services["scheduler"]["volumes"] if v.endswith(":/etc/detq/schedules.toml:ro")]
@@ -127,3 +128,25 @@ def test_cluster_env_points_at_the_shared_services(services: dict[str, Any]) -> 
     env = services["worker-cpu"]["environment"]
     assert env["DETQ_BROKER_URL"].startswith("redis://redis:")
     assert env["DETQ_DATABASE_URL"].startswith("postgresql://")
+
+
+def test_the_build_context_leaves_out_the_virtual_environment_and_keeps_what_the_images_copy() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip()[:1] not in ("", "#")
+    }
+    assert {".venv", ".git", "images", "models"} <= ignored
+    copied = [
+        line.split()[1]
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+    ]
+    assert copied and not any(source.rstrip("/") in ignored for source in copied)
+
+
+def test_the_worker_image_pins_torch_and_builds_cpu_only_on_request(services: dict[str, Any]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ARG TORCH_SPEC="torch>=2.14,<2.15 torchvision>=0.29,<0.30"' in dockerfile
+    assert "ARG TORCH_INDEX_URL=" in dockerfile and '--index-url "$TORCH_INDEX_URL"' in dockerfile
+    assert services["worker-cpu"]["build"]["args"] == {"TORCH_INDEX_URL": "${DETQ_TORCH_INDEX_URL:-}"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -139,7 +140,7 @@ def run(
             unread, followed = queued.unreadable, queued.job_ids
             if queued.needs_workers and helpers is not None:
                 try:
-                    helpers.wait_ready(until=deadline)
+                    _start_visibly(helpers, deadline, quiet=as_json)
                 except LocalWorkersFailed as exc:
                     head, _, tail = str(exc).partition("\n")
                     note = _forget_new_job(led, queued.new_job)
@@ -283,6 +284,8 @@ def _queue(
         app.close()
     for line in new.notes.warnings(new.job_id):
         click.echo(f"detq run: warning: {line}", err=True)
+    if new.total and not quiet:  # its id: what detq status, export and report take
+        click.echo(f"job {new.job_id}: {new.total} images queued ({inference.describe()})", err=True)
     if not new.total and not new.refused and not unfinished and not quiet and new.notes.images:
         skipped = new.counts.skipped if new.counts is not None else 0
         click.echo(
@@ -305,6 +308,29 @@ def _queue(
 def _serves(served: Pool | None, pool: str) -> bool:
     """Whether workers of this run (of pool `served`; None: a fleet's, any pool) take a job of `pool`."""
     return served is None or pool in (served.value, Pool.ANY.value)
+
+
+def _start_visibly(helpers: LocalWorkers, deadline: float | None, *, quiet: bool) -> None:
+    """Wait for the local workers to load the model, saying so as it goes (one line, redrawn on a
+    terminal), then how long it took and, once, the workers' warnings that concern the user."""
+    began = time.monotonic()
+    live = not quiet and sys.stderr.isatty()
+    if not quiet and not live:
+        click.echo("loading the model in the worker processes...", err=True)
+
+    def on_wait(ready: int, expected: int) -> None:
+        if live:
+            elapsed = time.monotonic() - began
+            line = f"\rloading the model: {ready} of {expected} processes ready ({elapsed:.0f} s)"
+            click.echo(line, nl=False, err=True)
+
+    helpers.wait_ready(until=deadline, on_wait=on_wait)
+    if not quiet:
+        click.echo(
+            ("\r" if live else "") + f"workers ready in {time.monotonic() - began:.1f} s" + " " * 20, err=True
+        )
+        for line in helpers.warnings():
+            click.echo(f"detq run: worker warning: {line}", err=True)
 
 
 def _left(deadline: float | None) -> float | None:

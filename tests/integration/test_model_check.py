@@ -99,3 +99,22 @@ def test_an_opt_in_that_trades_exactness_is_named_and_fails_the_check(photos: Pa
     assert code == 1 and not report["agrees"]
     assert report["trades"] == ["DETQ_FAST_DECODE=true"]
     assert report["recall"] < 1.0 and report["max_corner_diff"] > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "exact"),
+    [("DETQ_CPU_OPTIMIZE", "true", True), ("DETQ_PRECISION", "bf16", False)],
+)
+def test_each_other_opt_in_is_named_and_measured(
+    setting: str, value: str, exact: bool, photos: Path, tmp_path: Path
+) -> None:
+    # Given an SSDlite (calibrated: scores that differ, as a trained model's do), and the opt-in on
+    model = save_torchvision_detector(tmp_path / "s.pt", "ssdlite", calibrated=True)
+    # When detq checks it
+    code, report = _check(model, photos, tmp_path, **{setting: value})
+    # Then the report names the trade; a frozen, optimised graph stays within the tolerance (scores move by
+    # about 1e-7, docs/models.md), bf16 arithmetic does not and fails the check
+    assert report["trades"] == [f"{setting}={value}"]
+    assert (code == 0) == exact == report["agrees"], json.dumps(report)[:3000]
+    if not exact:
+        assert report["recall"] < 1.0 and report["max_score_diff"] > 1e-3

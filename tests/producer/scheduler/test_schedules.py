@@ -151,7 +151,9 @@ def test_environment_schedule(tmp_path: Path) -> None:
 def test_the_documented_example_parses() -> None:
     example = Path(__file__).resolve().parents[3] / "docs" / "schedules.example.toml"
     (schedule,) = load_schedules_file(example)
-    assert (schedule.name, schedule.pool, schedule.batch_size) == ("nightly-cameras", "gpu", 32)
+    assert (schedule.name, schedule.pool, schedule.batch_size) == ("nightly-cameras", "any", 32)
+    # What compose mounts on a fresh clone: a folder every container has, a pool every deployment runs
+    assert schedule.folders == (Path("/data/images"),)
 
 
 ALLOWED = "name, folders, cron, timezone, model, pool, batch_size, recursive"
