@@ -81,6 +81,7 @@ class JobSnapshot:
     job: Job
     model_sha256: str
     counts: JobCounts
+    model_path: str = ""  # where its model file was when first recorded
 
 
 def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> JobSnapshot | None:
@@ -89,7 +90,7 @@ def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> J
     None if there is no such job."""
     counts = _counts(job_id).subquery("counts")
     row = session.execute(
-        select(Job, ModelRecord.sha256, *counts.c)
+        select(Job, ModelRecord.sha256, ModelRecord.path, *counts.c)
         .join(ModelRecord, Job.model_id == ModelRecord.id)
         .join(counts, true())
         .where(Job.id == job_id)
@@ -97,7 +98,9 @@ def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> J
     if row is None:
         return None
     boxes = _detections(session, job_id) if detections else 0
-    return JobSnapshot(job=row[0], model_sha256=row[1], counts=_job_counts(row._mapping, boxes))
+    return JobSnapshot(
+        job=row[0], model_sha256=row[1], counts=_job_counts(row._mapping, boxes), model_path=row[2]
+    )
 
 
 def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:

@@ -32,6 +32,15 @@ def latest_model_at(session: Session, path: str) -> ModelRecord | None:
     return session.scalars(query).first()
 
 
+def model_paths(session: Session, sha256s: Sequence[str]) -> dict[str, str]:
+    """Where each of these models' files was first recorded, by sha256 (those the ledger knows)."""
+    wanted = sorted(set(sha256s))
+    if not wanted:
+        return {}
+    rows = session.execute(select(ModelRecord.sha256, ModelRecord.path).where(ModelRecord.sha256.in_(wanted)))
+    return {str(sha): str(path) for sha, path in rows}
+
+
 def create_job(
     session: Session,
     *,

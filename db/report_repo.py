@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, Integer, and_, case, cast, func, select
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, as_utc
+from db.models import Detection, Image, Job, ModelRecord, as_utc
 from detq.vocabulary import ImageStatus
 
 
@@ -78,3 +78,16 @@ def failed_images(session: Session, job_id: int, limit: int = 50) -> list[tuple[
         .limit(limit)
     ).tuples()
     return [(str(path), str(status), str(reason or "")) for path, status, reason in rows]
+
+
+def job_model_file(session: Session, job_id: int) -> tuple[str, list[str]] | None:
+    """The path the job's model was recorded at and the classes its metadata names (None: no such job)."""
+    row = session.execute(
+        select(ModelRecord.path, ModelRecord.meta)
+        .join(Job, Job.model_id == ModelRecord.id)
+        .where(Job.id == job_id)
+    ).first()
+    if row is None:
+        return None
+    classes = (row.meta or {}).get("classes") or []
+    return str(row.path), [str(c) for c in classes] if isinstance(classes, list) else []

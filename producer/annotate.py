@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from db.export_repo import Box
 
@@ -29,9 +29,11 @@ def colour_for(label_id: int) -> str:
     return PALETTE[label_id % len(PALETTE)]
 
 
-def annotate(image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int = 1600) -> None:
-    """Write a copy of the image (EXIF-upright, at most max_side) with its detections drawn, in the format
-    out_path's suffix names (JPEG where Pillow knows none)."""
+def annotate(
+    image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int | None = None
+) -> None:
+    """Write a copy of the image (EXIF-upright, at its own resolution unless max_side caps it) with its
+    detections drawn, in the format out_path's suffix names (JPEG where Pillow knows none)."""
     canvas = annotated(image_path, detections, max_side)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fmt = Image.registered_extensions().get(out_path.suffix.lower(), "JPEG")
@@ -41,22 +43,26 @@ def annotate(image_path: Path, detections: Sequence[Box], out_path: Path, max_si
         canvas.save(out_path, fmt)
 
 
-def annotated(image_path: Path, detections: Sequence[Box], max_side: int) -> Image.Image:
-    """The image, EXIF-upright and at most max_side, with its detections drawn."""
+def annotated(image_path: Path, detections: Sequence[Box], max_side: int | None) -> Image.Image:
+    """The image, EXIF-upright (at most max_side where given), with its detections drawn: lines and labels
+    sized to the picture (a 4000x3000 photo's text about 40 px high)."""
     with Image.open(image_path) as opened:
         canvas = (ImageOps.exif_transpose(opened) or opened).convert("RGB")
-    scale = min(1.0, max_side / max(canvas.size))
+    scale = 1.0 if max_side is None else min(1.0, max_side / max(canvas.size))
     if scale < 1.0:
         canvas = canvas.resize((max(1, round(canvas.width * scale)), max(1, round(canvas.height * scale))))
     draw = ImageDraw.Draw(canvas)
-    width = max(2, round(max(canvas.size) / 400))
+    side = max(canvas.size)
+    width = max(2, round(side / 400))
+    font = ImageFont.load_default(size=max(11, round(side / 60)))
     for det in detections:
         box = (det.x1 * scale, det.y1 * scale, det.x2 * scale, det.y2 * scale)
         colour = colour_for(det.label_id)
         draw.rectangle(box, outline=colour, width=width)
         label = f"{det.label} {det.score:.2f}"
-        left, top = box[0], max(0.0, box[1] - 12)
-        text_box = draw.textbbox((left, top), label)
+        text_box = draw.textbbox((0, 0), label, font=font)
+        left, top = box[0], max(0.0, box[1] - (text_box[3] - text_box[1]) - width)
+        text_box = draw.textbbox((left, top), label, font=font)
         draw.rectangle(text_box, fill=colour)
-        draw.text((left, top), label, fill="#000000")
+        draw.text((left, top), label, fill="#000000", font=font)
     return canvas

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from db.jobs_repo import model_paths
 from db.models import WorkerRecord, as_utc
 from db.workers_repo import ROLE_PROCESS, list_workers, live_workers
 from detq.contract import queues_of_worker_pool
@@ -31,6 +33,7 @@ class WorkerView:
     batches_done: int
     images_done: int
     images_per_s: float
+    model_name: str = ""  # its model file's name, where the ledger knows the model
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -52,6 +55,8 @@ def fleet(
     """Open rows, with include_stopped those closed in the last hour too; each node before its processes."""
     stopped_since = now - timedelta(seconds=RECENT_S) if include_stopped else None
     timeout = timedelta(seconds=timeout_s)
+    records = list_workers(session, stopped_since=stopped_since)
+    paths = model_paths(session, [r.model_sha256 for r in records if r.model_sha256])
     return [
         WorkerView(
             id=r.id,
@@ -68,8 +73,9 @@ def fleet(
             batches_done=r.batches_done,
             images_done=r.images_done,
             images_per_s=r.images_per_s,
+            model_name=Path(paths[r.model_sha256]).name if r.model_sha256 in paths else "",
         )
-        for r in list_workers(session, stopped_since=stopped_since)
+        for r in records
     ]
 
 

@@ -14,7 +14,14 @@ from sqlalchemy.orm import Session
 
 from db.export_repo import Box, iter_ledger
 from db.job_counts_repo import top_reasons
-from db.report_repo import failed_images, finish_span, finish_times, label_counts, score_histogram
+from db.report_repo import (
+    failed_images,
+    finish_span,
+    finish_times,
+    job_model_file,
+    label_counts,
+    score_histogram,
+)
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotated, colour_for
 from producer.charts import bar_chart, histogram, line_chart
@@ -85,7 +92,7 @@ def render_report(session: Session, job_id: int) -> str:
         ("images", f"{status.total}: {status.done} done, {status.failed} failed, {status.rejected} rejected"),
         ("detections", str(status.detections)),
         ("folders", ", ".join(status.roots)),
-        ("model", status.model_sha256[:16]),
+        ("model", _model_line(session, job_id, status.model_sha256)),
         ("settings", status.settings_line),
         ("elapsed", time_taken(status)),
         ("created", status.created_at),
@@ -136,3 +143,13 @@ def _failures(reasons: list[tuple[str, int]], failures: list[tuple[str, str, str
         f"<h2>Failed and rejected images (first {len(failures)})</h2>"
         f"<table><tr><th>path</th><th>status</th><th>reason</th></tr>{listed}</table>"
     )
+
+
+def _model_line(session: Session, job_id: int, sha256: str) -> str:
+    """The model by its file's name, with its classes where its metadata names them, and its sha256."""
+    found = job_model_file(session, job_id)
+    if found is None:
+        return f"sha256 {sha256[:16]}"
+    path, classes = found
+    shown = ", ".join(classes[:20]) + (f" and {len(classes) - 20} more" if len(classes) > 20 else "")
+    return f"{Path(path).name} ({path}; sha256 {sha256[:16]})" + (f"; classes: {shown}" if classes else "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -56,9 +56,11 @@ def write_results(
     out_dir: Path,
     *,
     save_images: bool,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WrittenResults:
     """Every image of these roots with its latest outcome under this model at these settings (results: the
-    model and the key of its inference settings), across the runs over them.
+    model and the key of its inference settings), across the runs over them; progress(done, total) after
+    each image (drawing its copy is the slow part).
 
     One pass over the images, a chunk at a time, writes the three files together (the dataset's
     annotations spooled, then appended after its images), so memory holds a chunk whatever the folder's
@@ -85,6 +87,8 @@ def write_results(
             for image, boxes in images_with_boxes(session, image_ids):
                 lines.write(dumps(image_record(image, boxes)) + "\n")
                 counts["images"] += 1
+                if progress is not None:
+                    progress(counts["images"], len(image_ids))
                 statuses[image.status] += 1
                 if image.status in TROUBLED and (
                     image.reason in reasons or len(reasons) < MAX_REASONS_TALLIED

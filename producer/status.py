@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from db.clock import ledger_now
 from db.job_counts_repo import JobCounts, job_snapshot
-from db.jobs_repo import CANCELLED_REASON
+from db.jobs_repo import CANCELLED_REASON, latest_job_id
 from db.models import Job, as_utc
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULT_KEY, InferenceSettings
@@ -48,6 +50,12 @@ class JobStatus:
     # The inference settings its results are made with (detq.inference_settings); None: a job made
     # before jobs recorded them, run as its workers' settings said.
     settings: dict[str, Any] | None = None
+    model_path: str = ""  # where the model file was when first recorded
+
+    @property
+    def model_name(self) -> str:
+        """The model by its file's name (its sha256's start where no path was recorded)."""
+        return Path(self.model_path).name if self.model_path else self.model_sha256[:12]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -126,6 +134,7 @@ def job_status(
         pool=job.pool,
         roots=list(job.roots),
         model_sha256=snapshot.model_sha256,
+        model_path=snapshot.model_path,
         created_at=created.isoformat(),
         finished_at=as_utc(job.finished_at).isoformat() if job.finished_at else None,
         elapsed_s=round((end - created).total_seconds(), 3),
@@ -136,3 +145,15 @@ def job_status(
         unreadable_folders=list(job.unreadable_folders or []),
         settings=dict(job.settings) if job.settings is not None else None,
     )
+
+
+def job_or_latest(session: Session, job: int | None, said: Callable[[str], None] | None = None) -> int:
+    """The job asked for, else the latest one (said, where a caller shows it); JobNotFound if none."""
+    if job is not None:
+        return job
+    latest = latest_job_id(session)
+    if latest is None:
+        raise JobNotFound("no jobs yet")
+    if said is not None:
+        said(f"job {latest} (the latest)")
+    return latest

@@ -172,5 +172,5 @@ def _row(v: WorkerView) -> tuple[object, ...]:
         v.batches_done,
         v.images_done,
         v.images_per_s,
-        (v.model_sha256 or "")[:12],
+        v.model_name or (v.model_sha256 or "")[:12],
     )

@@ -23,7 +23,7 @@ from producer.export import PASSES, export_job
 from producer.files import write_atomically
 from producer.progress import PercentLine, exit_code_for, render_line, time_taken
 from producer.requeue import requeue_missing
-from producer.status import JobNotFound, job_status
+from producer.status import JobNotFound, job_or_latest, job_status
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 WAIT_OPTION = click.option("--wait", is_flag=True, help="Show live progress until the job finishes.")
@@ -226,6 +226,7 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
         "failed",
         "rejected",
         "pool",
+        "model",
         "settings",
         "created",
         "root",
@@ -239,6 +240,7 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
             s.failed,
             s.rejected,
             s.pool,
+            s.model_name,
             s.settings_words,
             s.created_at[:19],
             s.roots[0] + (f" (+{len(s.roots) - 1})" if len(s.roots) > 1 else ""),
@@ -255,9 +257,10 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
         "detq export 42 --format jsonl | head",
         "detq export 42 --format coco -o detections.json",
         "detq export 42 --format coco-dataset -o dataset.json",
+        "detq export --format csv -o latest.csv   # the latest job",
     ),
 )
-@click.argument("job", type=click.IntRange(min=1))
+@click.argument("job", type=click.IntRange(min=1), required=False)
 @click.option(
     "--format",
     "fmt",
@@ -272,13 +275,14 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="File to write, replaced only once complete (default: standard output).",
 )
-def export(job: int, fmt: str, output: Path | None) -> None:
-    """Write a job's results as CSV, JSONL or COCO.
+def export(job: int | None, fmt: str, output: Path | None) -> None:
+    """Write a job's results (default: the latest job's) as CSV, JSONL or COCO.
 
     With -o, the file is written beside its final name and renamed over it once complete.
     """
     export_format = ExportFormat(fmt)
     with ledger(load_settings()) as led, led.reads() as session:
+        job = job_or_latest(session, job, said=lambda text: click.echo(text, err=True))
         if output is None:
             export_job(session, job, export_format, sys.stdout)
             return

@@ -15,7 +15,7 @@ from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.files import write_atomically
 from producer.report import render_report
-from producer.status import JobNotFound
+from producer.status import JobNotFound, job_or_latest
 
 
 @click.command(
@@ -57,8 +57,10 @@ def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
         )
 
 
-@click.command(cls=DetqCommand, epilog=examples("detq report 42 -o report.html"))
-@click.argument("job", type=click.IntRange(min=1))
+@click.command(
+    cls=DetqCommand, epilog=examples("detq report 42 -o report.html", "detq report -o latest.html")
+)
+@click.argument("job", type=click.IntRange(min=1), required=False)
 @click.option(
     "-o",
     "--output",
@@ -66,13 +68,14 @@ def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
     required=True,
     help="HTML file to write.",
 )
-def report(job: int, output: Path) -> None:
-    """Write a self-contained HTML report of a job.
+def report(job: int | None, output: Path) -> None:
+    """Write a self-contained HTML report of a job (default: the latest).
 
     Thumbnails with boxes, boxes per class, a score histogram, throughput over time per worker and
     device, and the failures with their reasons; one file, nothing fetched when it opens.
     """
     with ledger(load_settings()) as led, led.reads() as session:
+        job = job_or_latest(session, job, said=lambda text: click.echo(text, err=True))
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         page = render_report(session, job)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import click
+from sqlalchemy.orm import Session
 
 from db.clock import ledger_now
 from db.history_repo import jobs_over_roots
@@ -26,8 +28,16 @@ from detq.settings import Settings
 from detq.vocabulary import Pool, WorkerPool
 from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
+from producer.files import write_atomically
 from producer.local_workers import LocalWorkers, LocalWorkersFailed
-from producer.progress import EXIT_FINISHED_WITH_FAILURES, EXIT_TIMED_OUT, WaitTimeout, exit_code_for
+from producer.progress import (
+    EXIT_FINISHED_WITH_FAILURES,
+    EXIT_TIMED_OUT,
+    PercentLine,
+    WaitTimeout,
+    exit_code_for,
+)
+from producer.report import render_report
 from producer.results import (
     check_copies_folder,
     check_out_folder,
@@ -162,9 +172,19 @@ def run(
         with led.reads() as session:
             record = session.get_one(ModelRecord, model_id)
             written = write_results(
-                session, (record, inference.key), [str(r) for r in roots], out, save_images=save_images
+                session,
+                (record, inference.key),
+                [str(r) for r in roots],
+                out,
+                save_images=save_images,
+                progress=_writing_progress() if save_images and not as_json else None,
             )
             activity = run_activity(session, followed, began)
+            shown = followed[-1] if followed else _latest_over(session, model_id, inference, roots)
+            if shown is not None:  # the report of this run's job (or the folder's latest), beside the rest
+                page = render_report(session, shown)
+                write_atomically(out / "report.html", lambda handle: handle.write(page))
+                written.files.append("report.html")
     if code == 0:
         code = folder_exit_code(written)  # 4 while the folder holds failed or rejected images, every rerun
     if as_json:
@@ -331,6 +351,32 @@ def _start_visibly(helpers: LocalWorkers, deadline: float | None, *, quiet: bool
         )
         for line in helpers.warnings():
             click.echo(f"detq run: worker warning: {line}", err=True)
+
+
+def _latest_over(
+    session: Session, model_id: int, inference: InferenceSettings, roots: list[Path]
+) -> int | None:
+    """The newest job of this model at these settings over these folders (a run with nothing new)."""
+    jobs = jobs_over_roots(session, model_id, inference.key, [str(r) for r in roots])
+    return jobs[0].id if jobs else None
+
+
+def _writing_progress() -> Callable[[int, int], None]:
+    """Progress while the results and annotated copies are written: a percentage redrawn on a terminal,
+    one line otherwise."""
+    shown: list[PercentLine] = []
+
+    def progress(done: int, total: int) -> None:
+        if not shown:
+            if not sys.stderr.isatty():
+                click.echo(f"writing the results and annotated copies of {total} images...", err=True)
+            shown.append(PercentLine("writing annotated copies", total, sys.stderr))
+        if sys.stderr.isatty():
+            shown[0]()
+            if done == total:
+                shown[0].clear()
+
+    return progress
 
 
 def _left(deadline: float | None) -> float | None:

@@ -62,6 +62,8 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     assert sorted(row["path"] for row in rows) == sorted(str(p) for p in images)
     assert all(row["status"] == "done" and row["attempts"] == 1 for row in rows)
     assert len(json.loads((out / "coco_results.json").read_text())) == 64
+    page = (out / "report.html").read_text()  # the run's report, beside its results
+    assert "<html" in page.lower() and "slow.pt" in page
     assert len(list((out / "images").glob("*.png"))) == 64  # each at its path, in its format
     assert digests(images) == before
     print(f"\nresumed run finished in {time.monotonic() - started:.1f} s")

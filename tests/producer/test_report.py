@@ -61,6 +61,7 @@ def test_the_report_holds_every_section_and_inlines_its_images(ledger: Ledger, t
     for text in ("detq job 1", "Detections per class", "cat", "dog", "Scores", "Throughput per worker"):
         assert text in page
     assert "cannot decode image" in page
+    assert "m.pt (/m.pt; sha256 eeeeeeeeeeeeeeee); classes: cat, dog" in page  # the model by its name
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
 
 

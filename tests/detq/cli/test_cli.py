@@ -150,12 +150,21 @@ def test_jobs_status_and_export_on_a_real_embedded_ledger(
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:4] == ["JOB", "STATE", "FINISHED", "TOTAL"]
     assert row.split()[:4] == [str(queued["job_id"]), "queued", "0", "2"]
+    assert "demo_detector.pt" in row.split()  # the model by its file's name
     assert main(["jobs", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
     assert (listed["job_id"], listed["state"], listed["pending"]) == (queued["job_id"], "queued", 2)
     # And status of an unknown job is one line with exit 1
     assert main(["status", "999"]) == 1
     assert capsys.readouterr().err.strip() == "detq status: no job 999"
+    # And export and report without a job id take the latest, and say which
+    assert main(["export", "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == f"job {queued['job_id']} (the latest)" and len(out.strip().splitlines()) == 2
+    assert main(["report", "-o", str(embedded / "r.html")]) == 0
+    assert (
+        f"job {queued['job_id']} (the latest)" in capsys.readouterr().err and (embedded / "r.html").exists()
+    )
 
 
 def test_a_folder_without_images_is_a_warning_and_json_names_the_unreadable_folders(
