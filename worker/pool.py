@@ -20,7 +20,7 @@ from detq.celery_app import make_celery_app
 from detq.contract import QUEUES_BY_POOL
 from detq.errors import DetqError
 from detq.host import usable_cores
-from detq.modelfile import file_sha256
+from detq.modelfile import file_sha256, identify_model_file
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
 from dispatch.idle import IdleWatch
@@ -90,6 +90,10 @@ def run_worker(
         if hostname
         else f"{pool}-{os.getpid()}@{socket.gethostname()}"
     )
+    # A state_dict, a checkpoint, ONNX...: refused here in one line, before any pool process tries it.
+    found = identify_model_file(settings.model)
+    if settings.model.is_file() and not found.runs:
+        raise WorkerStartupError(found.refusal(str(settings.model)))
     # Hashed once here rather than in every pool process: a detector file can be hundreds of MB.
     sha256 = file_sha256(settings.model)
     if settings.model_sha256 and sha256 != settings.model_sha256:

@@ -39,7 +39,14 @@ def test_run_writes_results_and_resumes_after_ctrl_c(embedded: Deployment, tmp_p
     command = [*DETQ, "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--save-images"]
     # When `detq run` is interrupted with Ctrl-C part-way
     first = subprocess.Popen(
-        command, env=embedded.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=embedded.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C reaches it as in a terminal, however the suite was started (a shell's background job
+        # ignores SIGINT, and its children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_until(lambda: _done_in_ledger(embedded) >= 8, 180, "8 images done")
     first.send_signal(signal.SIGINT)
