@@ -79,8 +79,12 @@ class WorkerRuntime:
         key = (sha256, *load_key(wanted))
         cached = self.models.get(key)
         if cached is not None and cached.rewrite_check is not None and cached.rewrite_check.fell_back:
-            # Its rewrites gave other detections on a real forward: the model as saved answers from now on.
-            cached = self.models[key] = cached.rewrite_check.reference()
+            # Its rewrites gave other detections on a real forward: the model as saved answers from now on
+            # (and the rewritten one is let go).
+            replacement = cached.rewrite_check.reference()
+            if cached is self.default_model:
+                self.default_model = replacement
+            cached = self.models[key] = replacement
         if cached is None:
             cached = self._load(key, Path(path), wanted)
         self.models.move_to_end(key)

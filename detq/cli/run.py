@@ -180,10 +180,18 @@ def run(
                 progress=_writing_progress() if save_images and not as_json else None,
             )
             activity = run_activity(session, followed, began)
-            shown = followed[-1] if followed else _latest_over(session, model_id, inference, roots)
-            if shown is not None:  # the report of this run's job (or the folder's latest), beside the rest
+            # The report of this run's job beside the rest; with nothing new, the folder's latest job's where
+            # none is there yet (drawing one takes a second or two: a rerun over a done folder stays quick)
+            report_file = out / "report.html"
+            shown: int | None = None
+            if followed:
+                shown = followed[-1]
+            elif not report_file.exists():
+                shown = _latest_over(session, model_id, inference, roots)
+            if shown is not None:
                 page = render_report(session, shown)
-                write_atomically(out / "report.html", lambda handle: handle.write(page))
+                write_atomically(report_file, lambda handle: handle.write(page))
+            if report_file.exists():
                 written.files.append("report.html")
     if code == 0:
         code = folder_exit_code(written)  # 4 while the folder holds failed or rejected images, every rerun

@@ -170,6 +170,7 @@ def test_a_rewrite_that_differs_on_a_real_forward_is_dropped_and_none_of_its_ans
         assert [r.detections for r in results] == expected
         again = runtime.model_for(model.sha256, str(ssdlite))
         assert again.rewrite_check is None and not isinstance(again.module, SelectedSsd)
+        assert runtime.default_model.module is again.module  # the rewritten copy let go
         assert [r.detections for r in detect_images(runtime, again, images, [str(tmp_path)])] == expected
     finally:
         runtime.close()
