@@ -60,6 +60,26 @@ def export_yolov8n(ultralytics: Any, work: Path, size: int = 320, bias: float = 
     return Path(exported).resolve()
 
 
+def export_in_own_process(work: Path, timeout: float = 600) -> Path:
+    """The export's path, made by `python -m bench.yolo_export work` (its own process: importing
+    ultralytics patches Pillow for the process that does); RuntimeError with its output if it fails."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.yolo_export", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the YOLOv8n export failed: {done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 if __name__ == "__main__":
     folder = Path(sys.argv[1]).resolve()
     folder.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.photos import write_photo  # noqa: E402 - after the path is set
+from bench.yolo_export import export_in_own_process  # noqa: E402
 from tests.support import save_exported_conv_yolo, save_torchvision_detector  # noqa: E402
 
 SIZES = [(640, 480), (1280, 960), (480, 640), (800, 600), (1024, 768), (500, 333)]
@@ -33,15 +34,7 @@ OPT_INS = {
 
 
 def _yolov8n(work: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.yolo_export", str(work / "ultralytics")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+    return export_in_own_process(work / "ultralytics")
 
 
 def models(work: Path) -> dict[str, Path]:

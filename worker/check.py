@@ -27,16 +27,16 @@ from db.images_repo import DetectionRow
 from detq.inference_settings import InferenceSettings
 from detq.settings import Settings
 from detq.vocabulary import Precision
-from worker.decode import decode_image
+from worker.decode import Geometry, decode_image
 from worker.inference import run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.agreement import MIN_IOU, SCORE_TOLERANCE, Agreement, agreement
 from worker.models.formats import TorchvisionAdapter, to_source_pixels
-from worker.models.loading import LoadedModel, load_model_for_device
+from worker.models.loading import LoadedModel, load_as_saved
 from worker.models.metadata import MetaOverrides
 from worker.models.outputs import RawDetections, parse_torchvision_output
 from worker.models.tensors import to_tensor
-from worker.rows import decoded_rows, to_detection_rows
+from worker.rows import decoded_rows
 from worker.runtime import answering, load_configured
 
 DEFAULT_SAMPLE = 16
@@ -167,16 +167,12 @@ def check_model(
 
 def _as_saved(model_path: Path, device: str, inference: InferenceSettings) -> LoadedModel:
     """The model as its file has it: none of detq's rewrites, at fp32, one image a forward."""
-    return load_model_for_device(
+    return load_as_saved(
         model_path,
         device,
         overrides=MetaOverrides(format=inference.model_format, input_size=inference.input_size),
-        cpu_optimize=False,
         precision=Precision.FP32,
         micro_batch=1,
-        channels_last=False,
-        sampled_resize=False,
-        selected_detections=False,
     )
 
 
@@ -191,15 +187,7 @@ def _plain_rows(model: LoadedModel, path: Path) -> tuple[tuple[DetectionRow, ...
             fitted = model.adapter.shrink(np.asarray(image))
             output = model.module(model.adapter.collate([fitted], model.device))
             raw = to_source_pixels(model.adapter.parse(output, 1)[0], fitted.transform)
-    rows = to_detection_rows(
-        raw,
-        scale_x=1.0,
-        scale_y=1.0,
-        width=image.width,
-        height=image.height,
-        meta=model.meta,
-        score_threshold=model.meta.score_threshold,
-    )
+    rows = decoded_rows(raw, Geometry(image.width, image.height, 1.0, 1.0), model.meta)
     return rows, image.width, image.height
 
 

@@ -171,11 +171,12 @@ def detect_images(
             on_now.ids = [image.id for image, _, _ in chunk]
             if rewrites is not None and rewrites.fell_back:
                 outcomes, _ = again(chunk, rewrites)
-            else:
-                exercised = rewrites.exercised() if rewrites is not None else 0
+            elif rewrites is not None and rewrites.pending:
+                exercised = rewrites.exercised()
                 outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
-                if rewrites is not None and rewrites.pending:
-                    outcomes = checked(rewrites, chunk, outcomes, partial(again, chunk, rewrites), exercised)
+                outcomes = checked(rewrites, chunk, outcomes, partial(again, chunk, rewrites), exercised)
+            else:
+                outcomes = run_model(model, [r.model_input for _, r, _ in chunk], len(chunk), cpu_pixels)
             for (image, done, decode_ms), outcome in zip(chunk, outcomes, strict=True):
                 results[image.id] = result_for(image, done.geometry, decode_ms, outcome, model)
             on_now.ids = []

@@ -369,20 +369,19 @@ def _latest_over(
     return jobs[0].id if jobs else None
 
 
-def _writing_progress() -> Callable[[int, int], None]:
-    """Progress while the results and annotated copies are written: a percentage redrawn on a terminal,
-    one line otherwise."""
+def _writing_progress() -> Callable[[int, int], None] | None:
+    """Progress while the results and annotated copies are written: a percentage redrawn on a terminal
+    (PercentLine), else nothing (the closing lines follow)."""
+    if not sys.stderr.isatty():
+        return None
     shown: list[PercentLine] = []
 
     def progress(done: int, total: int) -> None:
         if not shown:
-            if not sys.stderr.isatty():
-                click.echo(f"writing the results and annotated copies of {total} images...", err=True)
             shown.append(PercentLine("writing annotated copies", total, sys.stderr))
-        if sys.stderr.isatty():
-            shown[0]()
-            if done == total:
-                shown[0].clear()
+        shown[0]()
+        if done == total:
+            shown[0].clear()
 
     return progress
 

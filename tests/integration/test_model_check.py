@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench.photos import write_photo
+from bench.yolo_export import export_in_own_process
 from tests.integration.harness import DETQ
 from tests.support import save_exported_conv_yolo, save_torchvision_detector
 
@@ -26,18 +26,7 @@ SIZES = [(640, 480), (1280, 960), (480, 640), (800, 600), (1024, 768), (500, 333
 
 def _yolov8n(path: Path) -> Path:
     """YOLOv8n as Ultralytics exports it (built in its own process: importing ultralytics patches Pillow)."""
-    work = path.parent / "ultralytics"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.yolo_export", str(work)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip().splitlines()[-1])
+    return export_in_own_process(path.parent / "ultralytics")
 
 
 FAMILIES: dict[str, Callable[[Path], Path]] = {

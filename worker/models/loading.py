@@ -312,7 +312,7 @@ def load_model_for_device(
             name=path.name,
             rewrites=tuple(rewrites),
             load_as_saved=partial(
-                load_model_for_device,
+                load_as_saved,
                 path,
                 device,
                 sha256=digest,
@@ -320,12 +320,17 @@ def load_model_for_device(
                 cpu_optimize=cpu_optimize,
                 precision=precision,
                 micro_batch=micro_batch,
-                channels_last=False,
-                sampled_resize=False,
-                selected_detections=False,
             ),
             needs_exercise=needs_exercise,
             exercised_by=exercised_count(module),
             decline=declining(module),
         ),
+    )
+
+
+def load_as_saved(path: Path, device: str, **options: Any) -> LoadedModel:
+    """The model as its file has it: none of detq's rewrites (channels_last, the sampled resize, the
+    selected detections); options as load_model_for_device takes them (cpu_optimize, precision...)."""
+    return load_model_for_device(
+        path, device, channels_last=False, sampled_resize=False, selected_detections=False, **options
     )
