@@ -24,6 +24,7 @@ from producer.coco import CocoDatasetWriter, class_names, coco_categories, coco_
 from producer.export import image_record
 from producer.files import write_atomically
 from producer.progress import EXIT_FINISHED_WITH_FAILURES, format_duration
+from producer.report import ReportPage, folder_facts
 
 # Distinct reasons tallied for the folder's summary: past this many, further new ones are not counted.
 MAX_REASONS_TALLIED = 10_000
@@ -56,11 +57,13 @@ def write_results(
     out_dir: Path,
     *,
     save_images: bool,
+    report: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> WrittenResults:
     """Every image of these roots with its latest outcome under this model at these settings (results: the
     model and the key of its inference settings), across the runs over them; progress(done, total) after
-    each image (drawing its copy is the slow part).
+    each image (drawing its copy is the slow part). With report, report.html too: the folder's page
+    (producer.report), built in the same pass.
 
     One pass over the images, a chunk at a time, writes the three files together (the dataset's
     annotations spooled, then appended after its images), so memory holds a chunk whatever the folder's
@@ -76,6 +79,7 @@ def write_results(
     categories = coco_categories(class_names(session, model, job_ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     copies = AnnotatedCopies(out_dir / "images", roots)
+    page = ReportPage(out_dir, roots, throughput_job=job_ids[0] if job_ids else None) if report else None
     counts = {"images": 0, "detections": 0, "annotated": 0, "not_annotated": 0}
     statuses: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
@@ -94,19 +98,24 @@ def write_results(
                     image.reason in reasons or len(reasons) < MAX_REASONS_TALLIED
                 ):
                     reasons[image.reason or "(no reason)"] += 1
-                if image.status != ImageStatus.DONE:
-                    continue
-                dataset.add_image(image)
-                dataset.add_boxes(image.id, boxes)
-                for box in boxes:
-                    results.write((", " if counts["detections"] else "") + dumps(coco_result(image.id, box)))
-                    counts["detections"] += 1
-                if save_images:
-                    try:
-                        annotate(Path(image.path), boxes, copies.path_of(image))
-                        counts["annotated"] += 1
-                    except OSError:  # moved or unreadable since it ran: the results still hold it
-                        counts["not_annotated"] += 1
+                copy = None
+                if image.status == ImageStatus.DONE:
+                    dataset.add_image(image)
+                    dataset.add_boxes(image.id, boxes)
+                    for box in boxes:
+                        results.write(
+                            (", " if counts["detections"] else "") + dumps(coco_result(image.id, box))
+                        )
+                        counts["detections"] += 1
+                    if save_images:
+                        try:
+                            annotate(Path(image.path), boxes, copy := copies.path_of(image))
+                            counts["annotated"] += 1
+                        except OSError:  # moved or unreadable since it ran: the results still hold it
+                            copy = None
+                            counts["not_annotated"] += 1
+                if page is not None:
+                    page.add(image, boxes, copy)
             results.write("]\n")
             dataset.close()
 
@@ -122,6 +131,12 @@ def write_results(
     files = ["detections.jsonl", "coco_results.json", "coco_dataset.json"]
     if save_images:
         files.append("images/")
+    if page is not None:
+        facts = folder_facts(session, page, job_ids)
+        title = f"detq results of {', '.join(roots)}"
+        write_atomically(out_dir / "report.html", lambda handle: page.write(handle, title, facts))
+    if (out_dir / "report.html").exists():
+        files.append("report.html")
     return WrittenResults(
         images=counts["images"],
         detections=counts["detections"],

@@ -14,7 +14,7 @@ from detq.cli.output import print_json
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.files import write_atomically
-from producer.report import render_report
+from producer.report import write_job_report
 from producer.status import JobNotFound, job_or_latest
 
 
@@ -78,6 +78,5 @@ def report(job: int | None, output: Path) -> None:
         job = job_or_latest(session, job, said=lambda text: click.echo(text, err=True))
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
-        page = render_report(session, job)
-    write_atomically(output, lambda out: out.write(page))
-    click.echo(f"wrote {output} ({len(page) / 1e6:.1f} MB)")
+        write_atomically(output, lambda out: write_job_report(session, job, out, output.parent))
+    click.echo(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import click
-from sqlalchemy.orm import Session
 
 from db.clock import ledger_now
 from db.history_repo import jobs_over_roots
@@ -28,7 +27,6 @@ from detq.settings import Settings
 from detq.vocabulary import Pool, WorkerPool
 from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
-from producer.files import write_atomically
 from producer.local_workers import LocalWorkers, LocalWorkersFailed
 from producer.progress import (
     EXIT_FINISHED_WITH_FAILURES,
@@ -37,7 +35,6 @@ from producer.progress import (
     WaitTimeout,
     exit_code_for,
 )
-from producer.report import render_report
 from producer.results import (
     check_copies_folder,
     check_out_folder,
@@ -171,28 +168,18 @@ def run(
                 helpers.stop()
         with led.reads() as session:
             record = session.get_one(ModelRecord, model_id)
+            # report.html beside the rest: every image's latest result. A rerun with nothing new leaves
+            # one that is there (its thumbnails take a second or two: such a rerun stays quick).
             written = write_results(
                 session,
                 (record, inference.key),
                 [str(r) for r in roots],
                 out,
                 save_images=save_images,
+                report=bool(followed) or not (out / "report.html").exists(),
                 progress=_writing_progress() if save_images and not as_json else None,
             )
             activity = run_activity(session, followed, began)
-            # The report of this run's job beside the rest; with nothing new, the folder's latest job's where
-            # none is there yet (drawing one takes a second or two: a rerun over a done folder stays quick)
-            report_file = out / "report.html"
-            shown: int | None = None
-            if followed:
-                shown = followed[-1]
-            elif not report_file.exists():
-                shown = _latest_over(session, model_id, inference, roots)
-            if shown is not None:
-                page = render_report(session, shown)
-                write_atomically(report_file, lambda handle: handle.write(page))
-            if report_file.exists():
-                written.files.append("report.html")
     if code == 0:
         code = folder_exit_code(written)  # 4 while the folder holds failed or rejected images, every rerun
     if as_json:
@@ -359,14 +346,6 @@ def _start_visibly(helpers: LocalWorkers, deadline: float | None, *, quiet: bool
         )
         for line in helpers.warnings():
             click.echo(f"detq run: worker warning: {line}", err=True)
-
-
-def _latest_over(
-    session: Session, model_id: int, inference: InferenceSettings, roots: list[Path]
-) -> int | None:
-    """The newest job of this model at these settings over these folders (a run with nothing new)."""
-    jobs = jobs_over_roots(session, model_id, inference.key, [str(r) for r in roots])
-    return jobs[0].id if jobs else None
 
 
 def _writing_progress() -> Callable[[int, int], None] | None:

@@ -82,6 +82,18 @@ def test_results_hold_each_paths_latest_row_and_the_files_agree(
     # And the image that moved away is counted, not drawn, and stops nothing
     assert (written.images, written.annotated, written.not_annotated) == (4, 3, 1)
     assert sorted(p.name for p in (out / "images").iterdir()) == ["a.jpg", "b.jpg", "c.jpg"]
+    # And report.html lists the same latest row of each image, across both runs, each drawn image linked
+    # to its copy (relative to the report) and the moved one to its file
+    page = (out / "report.html").read_text()
+    assert "report.html" in written.files and "results of</td><td>job 2, job 1 (each image" in page
+    listed = [json.loads(line) for line in page.split('id="report-images">')[1].split("</script>")[0].split()]
+    assert [(row["n"], row["s"], row["k"], row["a"]) for row in listed] == [
+        ("a.jpg", "done", 2, "images/a.jpg"),
+        ("b.jpg", "done", 4, "images/b.jpg"),
+        ("c.jpg", "done", 1, "images/c.jpg"),
+        ("gone.jpg", "done", 3, ""),
+    ]
+    assert listed[3]["u"] == Path(paths[3]).as_uri()
 
 
 def test_annotated_copies_keep_the_folders_layout_and_never_overwrite_each_other(
