@@ -48,17 +48,23 @@ def jobs_over_roots(session: Session, model_id: int, settings_key: str, roots: S
     return [job for job in jobs if list(job.roots) == wanted]
 
 
-def latest_image_ids(session: Session, job_ids: Sequence[int]) -> list[int]:
-    """Per path, the id of its row in the newest of these jobs that holds it (a finished row before a
-    pending one), in path order: a few plain values a row, so a folder of a million files stays small."""
+def latest_image_ids(
+    session: Session, job_ids: Sequence[int], only: Sequence[str] | None = None
+) -> list[int]:
+    """Per path (of `only`, where given), the id of its row in the newest of these jobs that holds it (a
+    finished row before a pending one), in path order: a few plain values a row, so a folder of a million
+    files stays small."""
     if not job_ids:
         return []
+    wanted = None if only is None else set(only)
     rank = {job_id: index for index, job_id in enumerate(job_ids)}  # job_ids newest first
     best: dict[str, tuple[tuple[bool, int], int]] = {}
     rows = session.execute(
         select(Image.path, Image.status, Image.job_id, Image.id).where(Image.job_id.in_(list(job_ids)))
     ).tuples()
     for path, status, job_id, image_id in rows:
+        if wanted is not None and path not in wanted:
+            continue
         key = (status == ImageStatus.PENDING, rank[job_id])
         current = best.get(path)
         if current is None or key < current[0]:

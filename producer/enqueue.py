@@ -29,7 +29,7 @@ from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.new_job import create_enqueue_job
 from producer.read_ahead import ChunksAhead
 from producer.record_chunk import record_chunk
-from producer.scan import ScanNotes, scan_roots
+from producer.scan import ScanNotes, scan_files, scan_roots
 from producer.sender import ChunkSender
 from producer.unqueued_run import record_unqueued_run
 
@@ -112,8 +112,10 @@ def enqueue_folders(
     model_sha256: str | None = None,
     worker_timeout_s: float | None = None,
     settings: InferenceSettings = DEFAULTS,
+    files: Sequence[Path] | None = None,
 ) -> EnqueueResult:
-    """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids.
+    """Create a job for the image files under `roots` and queue them in batches of `batch_size` ids; with
+    files (absolute, under the roots), for those files only (`detq run a.jpg 'b/*.png'`).
 
     The job records the inference settings its workers apply. only_new queues only files new or changed
     since this model processed them at these settings, and earlier failures up to max_retries
@@ -156,10 +158,14 @@ def enqueue_folders(
     tally = Tally() if only_new else None
     recorded = 0  # rows, refused names included
     notes = ScanNotes()  # filled by the scan's thread, read once it has ended
-    files = scan_roots(resolved, recursive=recursive, notes=notes)
+    found = (
+        scan_roots(resolved, recursive=recursive, notes=notes)
+        if files is None
+        else scan_files(files, resolved, notes)
+    )
     with (
         EnqueueWatch(factory, job_id, heartbeat_s),
-        ChunksAhead(files, INSERT_CHUNK) as chunks,
+        ChunksAhead(found, INSERT_CHUNK) as chunks,
         ChunkSender(app, job_id, pool) as sender,
     ):
         try:

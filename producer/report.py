@@ -21,8 +21,8 @@ import statistics
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from html import escape
 from pathlib import Path
 from typing import TextIO

@@ -56,13 +56,15 @@ def write_results(
     roots: Sequence[str],
     out_dir: Path,
     *,
+    only: Sequence[str] | None = None,
     save_images: bool,
     report: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> WrittenResults:
     """Every image of these roots with its latest outcome under this model at these settings (results: the
     model and the key of its inference settings), across the runs over them; progress(done, total) after
-    each image (drawing its copy is the slow part). With report, report.html too: the folder's page
+    each image (drawing its copy is the slow part). only: these paths of the roots alone (`detq run` of
+    files). With report, report.html too: the folder's page
     (producer.report), built in the same pass.
 
     One pass over the images, a chunk at a time, writes the three files together (the dataset's
@@ -72,7 +74,7 @@ def write_results(
     model, settings_key = results
     jobs = jobs_over_roots(session, model.id, settings_key, roots)
     job_ids = [job.id for job in jobs]
-    image_ids = latest_image_ids(session, job_ids)
+    image_ids = latest_image_ids(session, job_ids, only)
     info: dict[str, object] = {"description": f"detq results of {', '.join(roots)}"}
     if jobs and jobs[0].settings is not None:
         info["settings"] = jobs[0].settings  # what these results are made with (detq.inference_settings)

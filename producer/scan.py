@@ -1,13 +1,17 @@
-"""Walk folders as a stream and yield the image files in them, without loading the whole tree in memory."""
+"""What a job covers: folders walked as a stream (without the whole tree in memory), or image files
+named and matched by globs (`detq run`), yielded as the image files to queue."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, NamedTuple
+
+from detq.errors import DetqError
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
 # A longer path would not fit PostgreSQL's unique index led by images.path (about 2.7 KB per entry).
@@ -135,3 +139,86 @@ def scan_roots(
                 notes.images += 1
                 yield ScannedFile(stored, size, mtime, index, refused)
             stack.extend(reversed(subfolders))
+
+
+GLOB_CHARACTERS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `detq run` was given, sorted out: folders (scanned whole), or image files, named or matched by
+    globs (files: None for folders)."""
+
+    folders: list[Path]
+    files: list[Path] | None = None
+
+    @property
+    def roots(self) -> list[Path]:
+        """The job's roots: the folders, or each file's folder (what its reads are confined to)."""
+        if self.files is None:
+            return self.folders
+        return list(dict.fromkeys(file.parent for file in self.files))
+
+
+class SelectionError(DetqError, ValueError):
+    """Paths that name nothing detq can run, said in one line."""
+
+
+def select_paths(arguments: Sequence[str]) -> Selection:
+    """Sort `detq run`'s arguments: each a folder, an image file, or a glob (`photos/*.jpg`,
+    `'cams/**/*.png'` quoted so that detq expands it, `**` reaching into subfolders). Folders, or files
+    and globs: not both in one run (a folder's files are its scan's). Files are resolved to absolute
+    paths under their resolved folders, each once, sorted."""
+    folders: list[Path] = []
+    files: list[Path] = []
+    for argument in arguments:
+        path = Path(argument).expanduser()
+        if path.is_dir():
+            folders.append(path)
+        elif path.is_file():
+            if not is_image_name(path.name):
+                raise SelectionError(f"not an image file detq reads: {argument} (it reads {_extensions()})")
+            files.append(path)
+        elif GLOB_CHARACTERS & set(argument):
+            # The image files it matches; the folders only where it matches no file ('cams/*' of folders)
+            matched = sorted(glob.glob(os.path.expanduser(argument), recursive=True))
+            found = [Path(m) for m in matched if os.path.isfile(m) and is_image_name(m)]
+            if not found:
+                found_folders = [Path(m) for m in matched if os.path.isdir(m)]
+                if not found_folders:
+                    raise SelectionError(f"no image file or folder matches {argument}")
+                folders += found_folders
+            files += found
+        else:
+            raise SelectionError(f"no such file or folder: {argument}")
+    if folders and files:
+        raise SelectionError(
+            f"give folders, or files and globs, not both in one run ({folders[0]} is a folder, {files[0]} a"
+            " file): name the folder alone, or quote a glob of its files ('photos/*.jpg') for detq to expand"
+        )
+    if not files:
+        return Selection(folders)
+    resolved = {file.parent.resolve() / file.name for file in files}
+    return Selection([], sorted(resolved))
+
+
+def _extensions() -> str:
+    return ", ".join(sorted(IMAGE_EXTENSIONS))
+
+
+def scan_files(files: Sequence[Path], roots: Sequence[Path], notes: ScanNotes) -> Iterator[ScannedFile]:
+    """The files of a Selection, as scan_roots yields a folder's: each under the first of the roots that
+    holds it (a file under none is refused: only a caller's mistake)."""
+    for file in files:
+        index = next((i for i, root in enumerate(roots) if file.is_relative_to(root)), -1)
+        try:
+            info = file.stat()
+            size, mtime = info.st_size, info.st_mtime
+        except OSError:  # gone since it was named: the worker records why it cannot be read
+            size, mtime = 0, 0.0
+        stored, refused = check_name(str(file))
+        notes.images += 1
+        if index < 0:
+            yield ScannedFile(stored, size, mtime, 0, "not under any of the job's folders")
+        else:
+            yield ScannedFile(stored, size, mtime, index, refused)

@@ -295,7 +295,9 @@ def save_traced_with_baked_device(path: Path, device: str = "cuda:0") -> Path:
     return path
 
 
-def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -> Path:
+def save_torchvision_detector(
+    path: Path, name: str, calibrated: bool = False, meta: dict[str, Any] | None = None
+) -> Path:
     """A scripted torchvision detector built with weights=None (no download), saved as on this host.
 
     As built, SSDlite's activations fade through its layers (features of 1e-18 and less), so every anchor
@@ -303,7 +305,8 @@ def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -
     statistics taken from seeded noise images first, so its scores differ as a trained model's do.
     retinanet, fcos and fasterrcnn_r18: the families whose transform keeps the aspect ratio and pads a
     batch to its largest image, on a ResNet-18 FPN at min_size 320 (quick on a CPU), their score
-    thresholds lowered below the scores of untrained heads so that each image has its 100-300 boxes."""
+    thresholds lowered below the scores of untrained heads so that each image has its 100-300 boxes. meta:
+    stored as the file's detq.json, as docs/models.md shows (classes, format...)."""
     import torch
     from torchvision.models import detection
 
@@ -321,7 +324,8 @@ def save_torchvision_detector(path: Path, name: str, calibrated: bool = False) -
         _calibrate_batch_norm(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.script(model), str(path))
+        extra = {"detq.json": json.dumps(meta)} if meta is not None else {}
+        torch.jit.save(torch.jit.script(model), str(path), _extra_files=extra)
     return path
 
 

@@ -42,6 +42,7 @@ from producer.results import (
     run_summary_lines,
     write_results,
 )
+from producer.scan import select_paths
 from producer.status import JobStatus, job_status
 
 EXIT_INTERRUPTED = 130
@@ -53,10 +54,11 @@ EXIT_INTERRUPTED = 130
         "detq run ~/photos/2026-11-30",
         "detq run /data/cam1 /data/cam2 --model detector.pt --out results --save-images",
         "detq run ~/photos --conf 0.5 --classes person,dog",
+        "detq run ~/photos/IMG_0042.jpg 'cams/**/*.png'   # files, and a glob detq expands",
         "DETQ_BROKER_URL=redis://queue:6379/0 detq run /mnt/images --pool gpu   # on a fleet",
     ),
 )
-@click.argument("folders", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="DIR...")
+@click.argument("paths", nargs=-1, required=True, metavar="DIR|FILE|GLOB...")
 @click.option(
     "--model", type=click.Path(path_type=Path, dir_okay=False), help="Model file (default: DETQ_MODEL)."
 )
@@ -93,7 +95,7 @@ EXIT_INTERRUPTED = 130
 @inference_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of text.")
 def run(
-    folders: tuple[Path, ...],
+    paths: tuple[str, ...],
     model: Path | None,
     out: Path,
     save_images: bool,
@@ -107,7 +109,7 @@ def run(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Run the model over folders here and write the results to a folder.
+    """Run the model over folders (or image files and globs) here and write the results to a folder.
 
     Starts the workers it needs, queues what is not done yet by this model at these settings (--conf,
     --classes, --imgsz; --force: every file), shows progress, and writes one line per image, COCO results
@@ -117,7 +119,8 @@ def run(
     settings = with_inference_flags(load_settings(), conf, classes, imgsz)
     settings = settings.replace(model=check_model_file(model or settings.model))
     inference = InferenceSettings.from_settings(settings)
-    roots = check_roots(folders, settings.allowed_root_paths)
+    selection = select_paths(paths)
+    roots = check_roots(selection.roots, settings.allowed_root_paths)
     check_out_folder(out)
     if save_images:
         check_copies_folder(out, roots)
@@ -142,7 +145,12 @@ def run(
                 helpers.start()  # they load the model while the folders are scanned
             served = Pool(pool) if helpers is not None else None
             queued = _queue(
-                led, settings, (model_id, sha256, inference), roots, Pool(pool), (force, as_json, served)
+                led,
+                settings,
+                (model_id, sha256, inference),
+                (roots, selection.files),
+                Pool(pool),
+                (force, as_json, served),
             )
             unread, followed = queued.unreadable, queued.job_ids
             if queued.needs_workers and helpers is not None:
@@ -175,6 +183,7 @@ def run(
                 (record, inference.key),
                 [str(r) for r in roots],
                 out,
+                only=None if selection.files is None else [str(f) for f in selection.files],
                 save_images=save_images,
                 report=bool(followed) or not (out / "report.html").exists(),
                 progress=_writing_progress() if save_images and not as_json else None,
@@ -251,14 +260,16 @@ def _queue(
     led: Ledger,
     settings: Settings,
     model: tuple[int, str, InferenceSettings],
-    roots: list[Path],
+    selected: tuple[list[Path], list[Path] | None],
     pool: Pool,
     flags: tuple[bool, bool, Pool | None],
 ) -> Queued:
     """Send again what earlier runs over these folders at these settings left unsent, and queue what is
-    new (every file, with force); flags: force, quiet, and the pool this run's own workers serve (None:
-    a fleet's, any pool), whose other jobs are not waited on."""
+    new (every file, with force); selected: the roots, and the files of them given (None: all of them);
+    flags: force, quiet, and the pool this run's own workers serve (None: a fleet's, any pool), whose
+    other jobs are not waited on."""
     model_id, sha256, inference = model
+    roots, files = selected
     force, quiet, served = flags
     app = make_celery_app(settings)
     try:
@@ -294,6 +305,7 @@ def _queue(
             worker_timeout_s=settings.worker_timeout,
             model_sha256=sha256,
             settings=inference,
+            files=files,
         )
     finally:
         app.close()

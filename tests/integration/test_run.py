@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from bench.photos import write_photo
+from tests.conftest import service_missing
 from tests.integration.faults import digests, save_slow_model, wait_until, write_images
 from tests.integration.harness import DETQ, Deployment
+from tests.support import save_torchvision_detector
 
 pytestmark = pytest.mark.integration
 
@@ -192,7 +197,7 @@ def test_reruns_over_hopeless_files_start_no_worker_for_them_and_keep_exit_code_
         assert "ready on" not in (out / "worker.log").read_text()
 
 
-def test_run_from_a_folder_holding_files_named_as_its_packages(embedded: Deployment, tmp_path: Path) -> None:
+def test_a_strangers_first_hour_from_the_clones_parent_folder(embedded: Deployment, tmp_path: Path) -> None:
     # Given a working folder holding a clone's folder named detq/, and a worker.py and a db.py of one's own,
     # each of which breaks anything that imports it
     here = tmp_path / "work"
@@ -200,22 +205,89 @@ def test_run_from_a_folder_holding_files_named_as_its_packages(embedded: Deploym
     (here / "detq" / "README.md").write_text("a clone of detq\n")
     for name in ("worker.py", "db.py", "producer.py"):
         (here / name).write_text(f"raise ImportError('the user\\'s own {name} was imported')\n")
-    images = write_images(tmp_path / "in", 6)
+    # And their own scripted torchvision detector, its classes named as docs/models.md shows, and a folder
+    # of photos of mixed sizes, one a folder down and two turned by EXIF
+    classes = ["__background__", *(f"thing{i}" for i in range(1, 91))]
+    model = save_torchvision_detector(
+        here / "stranger.pt", "ssdlite", calibrated=True, meta={"format": "torchvision", "classes": classes}
+    )
+    sizes = [(1600, 1200), (640, 480), (480, 640), (1024, 768), (800, 600), (500, 333)]
+    photos = [tmp_path / "photos" / ("trip/" if i % 3 == 0 else "") / f"IMG_{i:04d}.jpg" for i in range(7)]
+    for i, photo in enumerate(photos):
+        photo.parent.mkdir(parents=True, exist_ok=True)
+        write_photo(photo, *sizes[i % len(sizes)], seed=i, orientation=6 if i % 4 == 1 else 1)
     out = tmp_path / "results"
     # When detq run (its installed command, as a user types it) runs from there
     detq = Path(sys.executable).parent / "detq"
-    done = subprocess.run(
-        [str(detq), "run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--json"],
+    command = [str(detq), "run", str(tmp_path / "photos"), "--model", str(model), "--out", str(out)]
+    started = time.monotonic()
+    with subprocess.Popen(
+        [*command, "--save-images", "--conf", "0.02", "--workers", "1"],
+        env=embedded.env(),
+        cwd=here,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stderr is not None
+        first_line = process.stderr.readline()
+        first_after = time.monotonic() - started
+        said = first_line + process.stderr.read()
+        code = process.wait(timeout=600)
+    assert code == 0, said[-3000:] + (out / "worker.log").read_text()[-3000:]
+    # Then it said what it was doing at once, and its workers imported detq's own packages
+    assert first_line.startswith("starting 1 cpu worker processes here") and first_after < 10, first_after
+    assert "workers ready in" in said and "job 1: 7 images queued (conf 0.02)" in said
+    assert "the user's own" not in (out / "worker.log").read_text()
+    # And the folder holds every image's result: JSON lines, COCO files, annotated copies at full size, report
+    assert sorted(row["path"] for row in _done_lines(out)) == sorted(str(p) for p in photos)
+    assert all(row["status"] == "done" for row in _done_lines(out))
+    assert json.loads((out / "coco_results.json").read_text())
+    assert len(json.loads((out / "coco_dataset.json").read_text())["images"]) == 7
+    copies = sorted(p.relative_to(out / "images") for p in (out / "images").rglob("*.jpg"))
+    assert copies == sorted(p.relative_to(tmp_path / "photos") for p in photos)
+    # And the report, opened in headless Chromium, shows the model's name, classes, settings and every image
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        service_missing("chromium", FileNotFoundError("chromium not on PATH (apt-get install chromium)"))
+    shown = subprocess.run(
+        [
+            str(browser),
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--dump-dom",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    dom = shown.stdout
+    assert f"stranger.pt ({model}; sha256" in dom and "classes: __background__, thing1, thing2" in dom
+    assert "<td>settings</td><td>conf 0.02</td>" in dom
+    rows = re.findall(r'<tr data-name="([^"]+)">', dom)
+    assert sorted(rows) == sorted(str(p.relative_to(tmp_path / "photos")) for p in photos)
+    assert "7 of 7 images match; page 1 of 1" in dom
+    assert all(f'href="images/{row}"' in dom for row in rows)  # each linked to its annotated copy
+    assert re.search(r"thing\d+ ×\d+ \(best 0\.\d\d\)", dom)  # classes by name in the list
+    # When a glob of some of those photos runs (quoted: detq expands it), at the same settings
+    again = subprocess.run(
+        [str(detq), "run", f"{tmp_path}/photos/**/IMG_000[0-3].jpg", "--model", str(model), "--conf", "0.02"]
+        + ["--out", str(tmp_path / "some"), "--workers", "1"],
         env=embedded.env(),
         cwd=here,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    # Then its workers imported detq's own packages, and every image is done
-    assert done.returncode == 0, done.stderr[-3000:] + (out / "worker.log").read_text()[-3000:]
-    assert "the user's own" not in (out / "worker.log").read_text()
-    assert sorted(row["path"] for row in _done_lines(out)) == sorted(str(p) for p in images)
+    # Then nothing is new, and its results hold those files alone, as the first run found them
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing new to queue: 4 images found" in again.stderr
+    some = {str(row["path"]): row for row in _done_lines(tmp_path / "some")}
+    assert sorted(some) == sorted(str(p) for p in photos[:4])
+    assert all(row == some[row["path"]] for row in _done_lines(out) if row["path"] in some)
 
 
 def _ultralytics_checkpoint(work: Path) -> Path:

@@ -9,7 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from producer.scan import ScanNotes, is_image_name, scan_roots
+import pytest
+
+from producer.scan import ScanNotes, SelectionError, is_image_name, scan_files, scan_roots, select_paths
 
 
 def _touch(path: Path, data: bytes = b"x") -> None:
@@ -152,3 +154,44 @@ def test_warnings_name_a_few_folders_then_count_and_say_when_no_image_was_found(
     for i in range(ScanNotes.KEPT + 5):
         many.unreadable_folder(f"/d/{i}", PermissionError(13, "Permission denied"))
     assert (len(many.unreadable), many.unreadable_count) == (ScanNotes.KEPT, ScanNotes.KEPT + 5)
+
+
+def test_run_takes_folders_or_files_and_globs_it_expands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a folder of photos, one a folder down, and a file of another kind
+    for name in ("a.jpg", "b.png", "sub/c.jpg", "notes.txt"):
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "photos" / name).write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    photos = (tmp_path / "photos").resolve()
+    # Then a folder is a folder; files and globs are image files, absolute, each once, sorted
+    assert select_paths(["photos"]) == select_paths(["photos/"]) and select_paths(["photos"]).files is None
+    chosen = select_paths(["photos/b.png", "photos/*.jpg", "photos/./b.png"])
+    assert chosen.files == [photos / "a.jpg", photos / "b.png"] and chosen.roots == [photos]
+    everywhere = select_paths(["photos/**/*.jpg"])  # quoted, detq expands it: ** reaches subfolders
+    assert everywhere.files == [photos / "a.jpg", photos / "sub" / "c.jpg"]
+    assert everywhere.roots == [photos, photos / "sub"]
+    assert select_paths(["photos/s*"]).folders == [Path("photos/sub")]  # a glob of folders only
+    # And what names nothing runnable is said in one line
+    for arguments, said in (
+        (["photos/none.jpg"], "no such file or folder: photos/none.jpg"),
+        (["photos/*.gif"], "no image file or folder matches photos/*.gif"),
+        (["photos/notes.txt"], "not an image file detq reads: photos/notes.txt"),
+        (["photos", "photos/a.jpg"], "give folders, or files and globs, not both in one run"),
+    ):
+        with pytest.raises(SelectionError, match=said.replace("*", "[*]")):
+            select_paths(arguments)
+
+
+def test_named_files_scan_under_the_root_that_holds_them(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    for name in ("a.jpg", "sub/c.jpg"):
+        (tmp_path / name).write_bytes(b"abc")
+    notes = ScanNotes()
+    found = list(scan_files([tmp_path / "a.jpg", tmp_path / "sub" / "c.jpg"], [tmp_path], notes))
+    assert [(f.path, f.size_bytes, f.root_index, f.refused) for f in found] == [
+        (str(tmp_path / "a.jpg"), 3, 0, None),
+        (str(tmp_path / "sub" / "c.jpg"), 3, 0, None),
+    ]
+    assert notes.images == 2
