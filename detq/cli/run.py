@@ -315,9 +315,10 @@ def _queue(
         click.echo(f"job {new.job_id}: {new.total} images queued ({inference.describe()})", err=True)
     if not new.total and not new.refused and not unfinished and not quiet and new.notes.images:
         skipped = new.counts.skipped if new.counts is not None else 0
+        waiting = "".join(f"; job {job.id} holds some, queued for the {job.pool} pool" for job in elsewhere)
         click.echo(
             f"nothing new to queue: {skipped} images found, none new or changed since this model's"
-            f" earlier runs at these settings ({inference.describe()}; --force runs them again)",
+            f" earlier runs at these settings ({inference.describe()}; --force runs them again{waiting})",
             err=True,
         )
     # A new job of names refused at the scan only (rejected at once), or whose scan left folders unread, is

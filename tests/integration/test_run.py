@@ -415,6 +415,11 @@ def test_a_run_whose_workers_cannot_start_leaves_no_job_and_no_run_waits_on_anot
     print(f"\nplain run beside a GPU job ended in {time.monotonic() - started:.1f} s: {plain.stderr.strip()}")
     assert f"job {job_id}, left unfinished by an earlier run, is queued for the gpu pool" in plain.stderr
     assert f"detq cancel {job_id}" in plain.stderr
+    assert (
+        "nothing new to queue: 6 images found, none new or changed since this model's earlier runs"
+        in (plain.stderr)
+        and f"job {job_id} holds some, queued for the gpu pool)" in plain.stderr
+    )
     # And once that job is cancelled, the next run runs its images here
     cancelled = subprocess.run(
         [*DETQ, "cancel", str(job_id)], env=embedded.env(), capture_output=True, text=True, timeout=120
