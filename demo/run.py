@@ -114,8 +114,7 @@ def _summarise(
             ]
             per_class.update(d.label for d in detections)
             if drawn < ANNOTATED_IMAGES and image.status == ImageStatus.DONE:
-                annotate(Path(image.path), detections, annotated_dir / name)
-                drawn += 1
+                drawn += annotate(Path(image.path), detections, annotated_dir / name)
         coco_path = out_dir / "detections_coco.json"
         with coco_path.open("w", encoding="utf-8") as handle:
             export_coco_results(session, job_id, handle)

@@ -31,16 +31,22 @@ def colour_for(label_id: int) -> str:
 
 def annotate(
     image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int | None = None
-) -> None:
+) -> bool:
     """Write a copy of the image (EXIF-upright, at its own resolution unless max_side caps it) with its
-    detections drawn, in the format out_path's suffix names (JPEG where Pillow knows none)."""
-    canvas = annotated(image_path, detections, max_side)
+    detections drawn, in the format out_path's suffix names (JPEG where Pillow knows none). False where
+    the image cannot be read (moved or changed since it ran); an error writing the copy (a full disk) is
+    raised, as it is no image's."""
+    try:
+        canvas = annotated(image_path, detections, max_side)
+    except OSError:
+        return False
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fmt = Image.registered_extensions().get(out_path.suffix.lower(), "JPEG")
     if fmt in ("JPEG", "MPO"):
         canvas.save(out_path, "JPEG", quality=88)
     else:
         canvas.save(out_path, fmt)
+    return True
 
 
 def annotated(image_path: Path, detections: Sequence[Box], max_side: int | None) -> Image.Image:

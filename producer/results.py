@@ -4,6 +4,7 @@ and what the run says at its end, and its exit code, from the folder's state."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -109,13 +110,12 @@ def write_results(
                             (", " if counts["detections"] else "") + dumps(coco_result(image.id, box))
                         )
                         counts["detections"] += 1
-                    if save_images:
-                        try:
-                            annotate(Path(image.path), boxes, copy := copies.path_of(image))
-                            counts["annotated"] += 1
-                        except OSError:  # moved or unreadable since it ran: the results still hold it
-                            copy = None
-                            counts["not_annotated"] += 1
+                    # An image moved or unreadable since it ran is counted, not drawn: the results hold it
+                    if save_images and annotate(Path(image.path), boxes, copy := copies.path_of(image)):
+                        counts["annotated"] += 1
+                    elif save_images:
+                        copy = None
+                        counts["not_annotated"] += 1
                 if page is not None:
                     page.add(image, boxes, copy)
             results.write("]\n")
@@ -150,15 +150,26 @@ def write_results(
     )
 
 
+# Free space --out needs before a run starts: the workers' log goes there, and it is their start's signal.
+OUT_FREE_BYTES = 8 << 20
+
+
 def check_out_folder(out_dir: Path) -> None:
-    """Make the --out folder, or say in one line why it cannot be written, before anything starts."""
+    """Make the --out folder, or say in one line why it cannot be written (or its disk is full), before
+    anything starts."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".detq-write-check-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        free = shutil.disk_usage(out_dir).free
     except OSError as exc:
         raise DetqError(f"cannot write to --out {out_dir}: {exc.strerror or exc}") from exc
+    if free < OUT_FREE_BYTES:
+        raise DetqError(
+            f"--out {out_dir} is on a disk with {free / 2**20:.1f} MiB free (the results and the workers' log"
+            f" need at least {OUT_FREE_BYTES >> 20} MiB): free some space or choose another --out"
+        )
 
 
 def check_copies_folder(out_dir: Path, roots: Sequence[Path]) -> None:

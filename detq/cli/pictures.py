@@ -44,10 +44,9 @@ def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
             if image.status != ImageStatus.DONE:
                 continue
             name = f"{image.id}_{Path(image.path).stem}.jpg"
-            try:
-                annotate(Path(image.path), detections, out / name)
+            if annotate(Path(image.path), detections, out / name):
                 written += 1
-            except OSError:
+            else:
                 skipped += 1
     if as_json:
         print_json({"job_id": job, "out": str(out), "written": written, "skipped": skipped})

@@ -20,6 +20,7 @@ from detq.celery_app import make_celery_app
 from detq.cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
 from detq.cli.following import follow
 from detq.cli.output import print_json
+from detq.errors import DetqError
 from detq.host import usable_cores
 from detq.inference_settings import InferenceSettings
 from detq.modelfile import file_sha256, read_embedded_meta
@@ -178,16 +179,22 @@ def run(
             record = session.get_one(ModelRecord, model_id)
             # report.html beside the rest: every image's latest result. A rerun with nothing new leaves
             # one that is there (its thumbnails take a second or two: such a rerun stays quick).
-            written = write_results(
-                session,
-                (record, inference.key),
-                [str(r) for r in roots],
-                out,
-                only=None if selection.files is None else [str(f) for f in selection.files],
-                save_images=save_images,
-                report=bool(followed) or not (out / "report.html").exists(),
-                progress=_writing_progress() if save_images and not as_json else None,
-            )
+            try:
+                written = write_results(
+                    session,
+                    (record, inference.key),
+                    [str(r) for r in roots],
+                    out,
+                    only=None if selection.files is None else [str(f) for f in selection.files],
+                    save_images=save_images,
+                    report=bool(followed) or not (out / "report.html").exists(),
+                    progress=_writing_progress() if save_images and not as_json else None,
+                )
+            except OSError as exc:  # a full disk, a folder gone: the results themselves are in the ledger
+                raise DetqError(
+                    f"cannot write the results to {out}: {exc.strerror or exc}; every image's result is"
+                    " kept in the ledger, and the same command writes them once that is mended"
+                ) from exc
             activity = run_activity(session, followed, began)
     if code == 0:
         code = folder_exit_code(written)  # 4 while the folder holds failed or rejected images, every rerun

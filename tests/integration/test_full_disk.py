@@ -5,12 +5,15 @@ so in one line, and the job completes once space returns."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests.conftest import service_missing
 from tests.integration.faults import (
@@ -95,3 +98,44 @@ def test_a_full_disk_fails_no_image_and_the_job_completes_once_space_returns(
     assert set(outcome.statuses.values()) == {"done"}
     assert set(outcome.attempts.values()) == {1}, json.dumps(outcome.attempts)[:300]
     assert "database or disk is full" in log  # the workers met it, and waited
+
+
+def test_run_whose_out_folder_is_full_or_fills_says_so_in_one_line_and_writes_once_there_is_room(
+    small_disk: Path, embedded: Deployment, tmp_path: Path
+) -> None:
+    # Given a folder of two large photos (noise: their annotated copies take about 12 MB each), and --out
+    # on a disk that is full
+    (tmp_path / "in").mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (2000, 2000, 3), dtype=np.uint8)
+    for i in range(2):
+        Image.fromarray(noise).save(tmp_path / "in" / f"big_{i}.png")
+    out = small_disk / "results"
+    filler = _fill(small_disk)
+    command = ["run", str(tmp_path / "in"), "--out", str(out), "--workers", "1", "--save-images"]
+    # When detq run starts
+    full = embedded.run(*command, codes=(1,))
+    # Then it says in one line that --out's disk is full, before any worker starts or any job is made
+    assert full.stderr.strip().splitlines() == [
+        f"detq run: --out {out} is on a disk with 0.0 MiB free (the results and the workers' log need at"
+        " least 8 MiB): free some space or choose another --out"
+    ]
+    assert embedded.run_json("jobs", "--all") == []
+    # When the disk has 10 MiB free, too little for the annotated copies
+    os.truncate(filler, filler.stat().st_size - (10 << 20))
+    short = embedded.run(*command, codes=(1,))
+    # Then the images run, and writing their results fails in one line saying where, and that nothing is
+    # lost; no half-written file is left
+    last = short.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"detq run: cannot write the results to {out}: No space left on device"), (
+        short.stderr
+    )
+    assert "every image's result is kept in the ledger" in last and "Traceback" not in short.stderr
+    assert not (out / "detections.jsonl").exists() and not list(out.glob("*.tmp*"))
+    # When there is room again and the same command runs
+    filler.unlink()
+    again = embedded.run(*command)
+    # Then nothing is run again, and the results are written
+    assert "nothing new to queue: 2 images found" in again.stderr
+    rows = [json.loads(line) for line in (out / "detections.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(row["status"] == "done" for row in rows)
+    assert len(list((out / "images").glob("*.png"))) == 2
