@@ -1,4 +1,4 @@
-"""Detection writes per second through the worker's own write (record_results), on PostgreSQL and SQLite."""
+"""Detection writes per second through the worker's own write (finalise_results), on PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.deployments import fresh_postgres
 from db.engine import make_engine, make_session_factory
-from db.images_repo import DetectionRow, ImageResult, NewImage, insert_images, record_results
+from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from db.migrate import upgrade
 from detq.vocabulary import ImageStatus
@@ -42,7 +42,7 @@ def detections_per_s(url: str, batches: int = 30, batch_size: int = 8, boxes: in
             for i in ids[start : start + batch_size]
         ]
         with sessions() as session, session.begin():
-            record_results(session, job_id, model_id, results, worker="bench", device="cpu")
+            finalise_results(session, job_id, model_id, results, worker="bench", device="cpu")
     elapsed = time.perf_counter() - began
     engine.dispose()
     return len(ids) * boxes / elapsed

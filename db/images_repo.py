@@ -120,31 +120,6 @@ def insert_batched_images(session: Session, job_id: int, images: Sequence[NewIma
     return by_batch
 
 
-def load_images(session: Session, job_id: int, image_ids: Sequence[int]) -> list[PendingImage]:
-    """The rows of image_ids that belong to job_id, whatever their status, ordered by id."""
-    if not image_ids:
-        return []
-    rows = session.execute(
-        select(Image.id, Image.job_id, Image.path, Image.root_index, Image.status)
-        .where(Image.job_id == job_id, Image.id.in_(list(image_ids)))
-        .order_by(Image.id)
-    ).tuples()
-    return [PendingImage(*row) for row in rows]
-
-
-def record_results(
-    session: Session,
-    job_id: int,
-    model_id: int,
-    results: Sequence[ImageResult],
-    *,
-    worker: str,
-    device: str,
-) -> int:
-    """finalise_results, returning how many images were newly finalised."""
-    return len(finalise_results(session, job_id, model_id, results, worker=worker, device=device))
-
-
 _IMAGES = table_of(Image)
 # Every batch runs these: built once (db/claims_repo.py). The images still pending among ids, locked in id
 # order; and one image's result, run as an executemany.
@@ -237,14 +212,3 @@ def finalise_results(
     )
     close_job_if_complete(session, job_id, now, started=True)
     return {r.image_id for r in finalised}
-
-
-def pending_image_ids(session: Session, job_id: int) -> list[int]:
-    """Ids of the job's images still pending, ascending."""
-    return list(
-        session.scalars(
-            select(Image.id)
-            .where(Image.job_id == job_id, Image.status == ImageStatus.PENDING.value)
-            .order_by(Image.id)
-        )
-    )

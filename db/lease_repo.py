@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -11,14 +10,6 @@ from sqlalchemy.orm import Session
 
 from db.models import SchedulerLease
 from db.upsert import insert_ignoring_conflicts
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """Who holds a lease and until when."""
-
-    owner: str
-    expires_at: datetime
 
 
 def acquire_lease(session: Session, name: str, owner: str, now: datetime, ttl: timedelta) -> bool:
@@ -65,11 +56,3 @@ def release_lease(session: Session, name: str, owner: str, now: datetime) -> boo
         ),
     )
     return outcome.rowcount == 1
-
-
-def lease_holder(session: Session, name: str) -> LeaseHolder | None:
-    """The current holder of the lease (possibly expired), or None if it was never taken."""
-    row = session.execute(
-        select(SchedulerLease.owner, SchedulerLease.expires_at).where(SchedulerLease.name == name)
-    ).one_or_none()
-    return None if row is None else LeaseHolder(owner=row.owner, expires_at=row.expires_at)

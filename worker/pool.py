@@ -156,13 +156,6 @@ def run_worker(
     return exit_code
 
 
-def node_name(pool: WorkerPool, hostname: str | None) -> str:
-    """The Celery node name: as `celery worker -n` (%h, %n, %d expand; a bare name is the host part)."""
-    if hostname:
-        return str(host_format(default_nodename(hostname)))
-    return f"{pool}-{os.getpid()}@{socket.gethostname()}"
-
-
 def _run_consumer(
     app: Celery,
     bootstrap: PoolBootstrap,

@@ -20,10 +20,8 @@ from db.images_repo import (
     DetectionRow,
     ImageResult,
     NewImage,
+    finalise_results,
     insert_images,
-    load_images,
-    pending_image_ids,
-    record_results,
 )
 from db.job_counts_repo import job_counts
 from db.jobs_repo import (
@@ -104,7 +102,7 @@ def done(image_id: int, n_boxes: int = 2, label_id: int = 1) -> ImageResult:
 
 def record(factory: Factory, fx: Fixture, results: Sequence[ImageResult], worker: str = "w1") -> int:
     with factory() as s, s.begin():
-        return record_results(s, fx.job_id, fx.model_id, results, worker=worker, device="cpu")
+        return len(finalise_results(s, fx.job_id, fx.model_id, results, worker=worker, device="cpu"))
 
 
 def count(factory: Factory, model: type[Detection] | type[Image]) -> int:
@@ -196,7 +194,7 @@ def test_insert_images_returns_ids_in_input_order(factory: Factory) -> None:
         )
     # Then the i-th id is the row of the i-th path
     with factory() as s:
-        by_id = {row.id: row for row in load_images(s, fx.job_id, ids)}
+        by_id = {row.id: row for row in s.scalars(sa.select(Image).where(Image.id.in_(ids)))}
     assert [by_id[i].path for i in ids] == paths
     assert len(set(ids)) == len(paths)
     assert {(row.status, row.root_index) for row in by_id.values()} == {("pending", 2)}
@@ -204,16 +202,7 @@ def test_insert_images_returns_ids_in_input_order(factory: Factory) -> None:
         assert insert_images(s, fx.job_id, []) == []
 
 
-def test_load_images_only_returns_the_jobs_rows_by_id(factory: Factory, job: Fixture) -> None:
-    other = make_job(factory, 2, prefix="other")
-    with factory() as s:
-        loaded = load_images(s, job.job_id, [job.image_ids[2], other.image_ids[0], job.image_ids[0], 999_999])
-        assert load_images(s, job.job_id, []) == []
-    assert [p.id for p in loaded] == [job.image_ids[0], job.image_ids[2]]
-    assert all(p.job_id == job.job_id and p.status == "pending" for p in loaded)
-
-
-def test_record_results_finalises_images_and_writes_detections(factory: Factory, job: Fixture) -> None:
+def test_finalise_results_finalises_images_and_writes_detections(factory: Factory, job: Fixture) -> None:
     first, second, third, _ = job.image_ids
     results = [
         done(first, n_boxes=3),
@@ -265,14 +254,14 @@ def test_a_terminal_image_is_never_overwritten(factory: Factory, job: Fixture) -
     assert count(factory, Detection) == 0
 
 
-def test_record_results_ignores_images_of_other_jobs(factory: Factory, job: Fixture) -> None:
+def test_finalise_results_ignores_images_of_other_jobs(factory: Factory, job: Fixture) -> None:
     other = make_job(factory, 1, prefix="other")
     assert record(factory, job, [done(other.image_ids[0])]) == 0
     with factory() as s:
         assert s.get_one(Image, other.image_ids[0]).status == "pending"
 
 
-def test_record_results_refuses_pending_results(factory: Factory, job: Fixture) -> None:
+def test_finalise_results_refuses_pending_results(factory: Factory, job: Fixture) -> None:
     with pytest.raises(ValueError, match="terminal"):
         record(factory, job, [ImageResult(image_id=job.image_ids[0], status=ImageStatus.PENDING)])
 
@@ -289,7 +278,7 @@ def test_two_workers_racing_on_one_batch_write_one_set_of_detections(factory: Fa
             with factory() as s, s.begin():
                 barrier.wait(timeout=10)
                 finalised.append(
-                    record_results(s, fx.job_id, fx.model_id, results, worker=name, device="cpu")
+                    len(finalise_results(s, fx.job_id, fx.model_id, results, worker=name, device="cpu"))
                 )
 
         return run
@@ -422,12 +411,6 @@ def test_job_finishes_when_enqueue_completes_as_the_last_result_lands(
     assert finished_at(factory, fx.job_id) is not None
 
 
-def test_pending_image_ids(factory: Factory, job: Fixture) -> None:
-    record(factory, job, [done(job.image_ids[1])])
-    with factory() as s:
-        assert pending_image_ids(s, job.job_id) == [job.image_ids[0], *job.image_ids[2:]]
-
-
 def test_iter_ledger_returns_every_image_with_its_detections(factory: Factory, engine: sa.Engine) -> None:
     fx = make_job(factory, 5)
     make_job(factory, 2, prefix="other")
@@ -463,10 +446,11 @@ def _record_disjoint_batches(url: str, fx: Fixture, image_ids: list[int], barrie
             with factory() as s, s.begin():
                 # Read, then write: under a deferred BEGIN, SQLite fails this lock upgrade at once ("database
                 # is locked", no busy wait) whenever another process committed in between.
-                assert [image.status for image in load_images(s, fx.job_id, ids)] == ["pending"] * len(ids)
+                statuses = s.scalars(sa.select(Image.status).where(Image.id.in_(ids))).all()
+                assert statuses == ["pending"] * len(ids)
                 batch = [done(image_id, n_boxes=2) for image_id in ids]
-                finalised = record_results(s, fx.job_id, fx.model_id, batch, worker="p", device="cpu")
-                assert finalised == len(batch)
+                finalised = finalise_results(s, fx.job_id, fx.model_id, batch, worker="p", device="cpu")
+                assert finalised == set(ids)
     finally:
         engine.dispose()
 

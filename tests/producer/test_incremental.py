@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.history_repo import PastOutcome
-from db.images_repo import ImageResult, NewImage, insert_images, record_results
+from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from detq.inference_settings import DEFAULT_KEY, InferenceSettings
 from detq.vocabulary import ImageStatus, Pool
@@ -52,7 +52,7 @@ def test_select_files_uses_the_same_models_history(factory: sessionmaker[Session
         model_a, model_b = _model(session, "a"), _model(session, "b")
         job = create_job(session, model_id=model_a, roots=["/d"], pool="any", batch_size=4).id
         ids = insert_images(session, job, [NewImage(f"/d/{n}.png", 100, 5.0) for n in "abc"])
-        record_results(
+        finalise_results(
             session,
             job,
             model_a,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from db.images_repo import DetectionRow, ImageResult, NewImage, insert_images, record_results
+from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, finish_enqueue, get_or_create_model
 from db.ledger import Ledger, open_ledger
 from detq.settings import Settings
@@ -64,7 +64,7 @@ def _job(ledger: Ledger, folder: Path, done: int = 5) -> int:
         results.append(
             ImageResult(image_id=ids[done], status=ImageStatus.FAILED, reason="cannot decode image")
         )
-        record_results(s, job.id, model.id, results, worker="host:1", device="cpu")
+        finalise_results(s, job.id, model.id, results, worker="host:1", device="cpu")
         finish_enqueue(s, job.id, len(ids))
         return job.id
 
@@ -100,7 +100,7 @@ def test_a_job_whose_files_moved_away_is_reported_without_opening_each_one(
         job = create_job(s, model_id=model.id, roots=[str(folder)], pool="cpu", batch_size=8).id
         ids = insert_images(s, job, [NewImage(str(folder / n), 1, 1.0, 0) for n in names])
         done = [ImageResult(i, ImageStatus.DONE, width=64, height=48, detections=box) for i in ids]
-        record_results(s, job, model.id, done, worker="host:1", device="cpu")
+        finalise_results(s, job, model.id, done, worker="host:1", device="cpu")
         finish_enqueue(s, job, len(ids))
     # When its report renders, Then it gives up on thumbnails after THUMBNAIL_TRIES images, and says the rest
     page = _page(ledger, job, tmp_path)

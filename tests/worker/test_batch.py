@@ -16,7 +16,7 @@ import pytest
 import torch
 from sqlalchemy import event, func, select, update
 
-from db.images_repo import ImageResult, record_results
+from db.images_repo import ImageResult, finalise_results
 from db.models import Detection, Image, Job, utcnow
 from db.workers_repo import ROLE_PROCESS, WorkerIdentity, register_worker, set_current_batch
 from detq.vocabulary import ImageStatus
@@ -211,7 +211,7 @@ def test_a_backup_copy_races_a_live_process_and_the_first_result_wins(
     late = [ImageResult(image_id=i, status=ImageStatus.DONE, width=100, height=80) for i in job.image_ids]
     model_id = _model_id(runtime, job.job_id)
     with runtime.ledger.sessions() as session, session.begin():
-        assert record_results(session, job.job_id, model_id, late, worker="slow", device="cpu") == 0
+        assert finalise_results(session, job.job_id, model_id, late, worker="slow", device="cpu") == set()
     with runtime.ledger.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Detection)) == 2
 
