@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev bytecode lint format test test-unit demo bench services clean
+.PHONY: install install-dev bytecode lint format test test-unit test-fast demo bench services clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,11 +43,18 @@ format: install-dev
 services:
 	bash scripts/ensure_services.sh
 
+# Everything: the linters, then every test, the 20 slowest named at the end.
 test: install-dev lint services bytecode
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=20
 
+# The tests not marked integration: no detq worker process (the ledger's tests use PostgreSQL where it answers).
 test-unit: install-dev
 	$(PY) -m pytest -m "not integration"
+
+# The tier to run after every change: pure logic and in-process, neither integration nor slow (about a
+# minute on 2 cores).
+test-fast: install-dev
+	$(PY) -m pytest -q -m "not integration and not slow"
 
 demo: install bytecode
 	$(VENV)/bin/detq demo

@@ -49,10 +49,9 @@ class Fixture:
 
 
 @pytest.fixture()
-def engine(database_url: str) -> Iterator[sa.Engine]:
+def engine(migrated_url: str) -> Iterator[sa.Engine]:
     """An engine on a freshly migrated database."""
-    migrate(database_url)
-    engine = make_engine(database_url)
+    engine = make_engine(migrated_url)
     yield engine
     engine.dispose()
 

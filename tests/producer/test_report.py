@@ -139,6 +139,7 @@ def _console(done: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Failed to load" in line]
 
 
+@pytest.mark.slow
 def test_the_report_renders_in_headless_chromium(ledger: Ledger, tmp_path: Path) -> None:
     job_id = _job(ledger, tmp_path / "images")
     (tmp_path / "report.html").write_text(_page(ledger, job_id, tmp_path), encoding="utf-8")
@@ -158,6 +159,7 @@ def _rows(dom: str) -> list[str]:
     return re.findall(r'<tr data-name="([^"]+)"', dom)
 
 
+@pytest.mark.slow
 def test_the_list_pages_and_filters_every_image_in_chromium(ledger: Ledger, tmp_path: Path) -> None:
     # Given a job of 60 done images (a dog in every other one) and one failed: more than a page
     job_id = _job(ledger, tmp_path / "images", done=60)

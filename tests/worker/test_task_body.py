@@ -107,6 +107,7 @@ def _run_timed(
         return run_batch(runtime, BatchMessage(job.job_id, job.image_ids), send=broker)
 
 
+@pytest.mark.slow
 def test_a_soft_time_limit_keeps_what_finished_and_sends_the_rest_again_the_image_in_flight_alone(
     runtime: WorkerRuntime, stage: Stage, tmp_path: Path
 ) -> None:

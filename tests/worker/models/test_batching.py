@@ -102,6 +102,7 @@ class _PerImage(torch.nn.Module):
     ],
     ids=["faster-rcnn", "ssdlite", "yolov8", "list-of-images", "batch-dependent"],
 )
+@pytest.mark.slow
 def test_the_loosest_rule_a_probe_confirms_is_chosen_at_load(tmp_path: Path, build: Any, rule: Rule) -> None:
     # Given a model of each kind, When it is loaded for forwards of four
     loaded = load_model_for_device(build(tmp_path / "model.pt"), "cpu", micro_batch=4)
@@ -124,6 +125,7 @@ def test_a_batch_dependent_model_runs_one_image_a_forward_and_answers_as_alone(t
         assert outcome.detections is not None and agreement(alone, outcome.detections).agrees
 
 
+@pytest.mark.slow
 def test_a_model_that_takes_one_image_needs_no_probe(tmp_path: Path) -> None:
     loaded = load_model_for_device(
         save_torchvision_detector(tmp_path / "m.pt", "ssdlite"), "cpu", micro_batch=1
@@ -140,6 +142,7 @@ def _plain_loop(module: Any, photo: Path) -> RawDetections:
     return found
 
 
+@pytest.mark.slow
 def test_mixed_size_photos_get_the_detections_they_get_alone(tmp_path: Path) -> None:
     # Given a RetinaNet (its transform keeps the aspect ratio and pads a batch to its largest image)
     # and photos of six sizes, two of them turned by EXIF

@@ -34,6 +34,7 @@ def test_a_model_without_a_transform_has_no_size() -> None:
     assert torchvision_input_size(object()) is None
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:SSD always returns")
 def test_a_scripted_ssdlite_reports_320(tmp_path: Path) -> None:
     loaded = load_model_for_device(save_torchvision_detector(tmp_path / "ssdlite.pt", "ssdlite"), "cpu")

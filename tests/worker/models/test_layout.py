@@ -94,6 +94,7 @@ def test_same_outputs_compares_nested_outputs_bit_for_bit() -> None:
     assert not same_outputs(a, [{"boxes": torch.tensor([[1.0, 2.0]])}])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calibrated", [False, True], ids=["as built", "calibrated"])
 def test_ssdlite_in_channels_last_finds_the_same_boxes_on_a_photo(tmp_path: Path, calibrated: bool) -> None:
     # Given a scripted SSDlite (fixed 320x320 input), loaded as saved and with channels_last allowed: as

@@ -46,6 +46,7 @@ def _matched(reference: RawDetections, other: RawDetections) -> tuple[int, float
     return int(found.sum()), drift
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", [Precision.BF16, Precision.FP16])
 def test_half_precision_finds_the_demo_models_boxes_with_scores_near_fp32(precision: Precision) -> None:
     # Given the bundled demo detector loaded at full and at half width, and 12 generated scenes

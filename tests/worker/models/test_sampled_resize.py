@@ -107,6 +107,7 @@ def test_only_the_rows_a_downscale_reads_are_gathered() -> None:
     assert read_indices(200, 320).tolist() == list(range(200))
 
 
+@pytest.mark.slow
 def test_ssdlite_finds_the_same_boxes_with_its_input_made_ahead(tmp_path: Path) -> None:
     # Given a scripted SSDlite whose detections follow its input (calibrated: as built, every score is
     # 1/91), loaded as saved and by default (channels_last off in both: this alone)

@@ -34,6 +34,7 @@ def _detections(model: LoadedModel, photos: list[Image.Image]) -> list[tuple[tor
     return [(d.boxes, d.labels, d.scores) for d in found if d is not None]
 
 
+@pytest.mark.slow
 def test_ssdlite_finds_the_same_detections_with_them_selected(calibrated: Path, tmp_path: Path) -> None:
     # Given the SSDlite loaded with its own postprocess and by default (channels_last off in both: this alone)
     own = load_model_for_device(
@@ -57,6 +58,7 @@ def test_ssdlite_finds_the_same_detections_with_them_selected(calibrated: Path, 
     assert same_outputs(expected, got)
 
 
+@pytest.mark.slow
 def test_the_fallback_is_the_models_own_postprocess(calibrated: Path, tmp_path: Path) -> None:
     selected = load_model_for_device(calibrated, "cpu", micro_batch=4, channels_last=False)
     own = load_model_for_device(
@@ -96,6 +98,7 @@ def test_only_an_ssd_has_a_selection(tmp_path: Path, calibrated: Path) -> None:
     assert select_detections(fixed, "fixed.pt") == (fixed, "")
 
 
+@pytest.mark.slow
 def test_cpu_optimize_freezes_the_heads_and_keeps_the_selection(calibrated: Path, tmp_path: Path) -> None:
     # Given the SSDlite with its detections selected, and the same frozen and optimised (DETQ_CPU_OPTIMIZE)
     selected = load_model_for_device(calibrated, "cpu", micro_batch=4, channels_last=False)

@@ -62,6 +62,7 @@ def detq_detections(model: LoadedModel, photo: Path) -> list[Detection]:
     return ordered([(r.score, r.label_id, (r.x1, r.y1, r.x2, r.y2)) for r in rows])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PHOTO_IDS)), ids=PHOTO_IDS)
 def test_detq_matches_ultralytics_predict_box_for_box(
     reference: dict[str, Any], index: int, one_thread: None

@@ -125,6 +125,7 @@ def _as_saved_boxes(runtime: WorkerRuntime, model: Path, images: list[PendingIma
     return [r.detections for r in detect_images(runtime, plain, images, [root])]
 
 
+@pytest.mark.slow
 def test_an_ssdlites_rewrites_are_verified_on_its_first_real_forward(ssdlite: Path, tmp_path: Path) -> None:
     # Given a worker with a calibrated SSDlite, rewritten at load (sampled resize, selected detections)
     runtime = _runtime(ssdlite, tmp_path)
@@ -146,6 +147,7 @@ def test_an_ssdlites_rewrites_are_verified_on_its_first_real_forward(ssdlite: Pa
         runtime.close()
 
 
+@pytest.mark.slow
 def test_a_rewrite_that_differs_on_a_real_forward_is_dropped_and_none_of_its_answers_stored(
     ssdlite: Path, tmp_path: Path
 ) -> None:
@@ -176,6 +178,7 @@ def test_a_rewrite_that_differs_on_a_real_forward_is_dropped_and_none_of_its_ans
         runtime.close()
 
 
+@pytest.mark.slow
 def test_an_ssdlite_whose_selection_noise_never_reaches_is_checked_on_real_forwards(tmp_path: Path) -> None:
     # Given an SSDlite as built with weights=None: every score 1/91, so its probes never reach a selection
     path = save_torchvision_detector(tmp_path / "flat.pt", "ssdlite")
