@@ -17,6 +17,8 @@ from detq.vocabulary import WorkerPool
 from producer.progress import WaitTimeout
 
 READY_MARK = "ready on"
+# The line `detq worker` prints for a warning at its start (worker.pool.WARNING_MARK after its command name)
+START_WARNING = "detq worker: warning: "
 START_TIMEOUT_S = 180.0
 
 
@@ -99,6 +101,8 @@ class LocalWorkers:
         for line in text.splitlines():
             if "WARNING" in line and "] detq: " in line:
                 found[line.split("] detq: ", 1)[1].strip()] = None
+            elif line.startswith(START_WARNING):  # said by the worker's main process before Celery logs
+                found[line.removeprefix(START_WARNING).strip()] = None
         return list(found)
 
     def check_alive(self) -> None:

@@ -60,6 +60,25 @@ def _certificate_refusal(app: Celery, settings: Settings) -> str | None:
     return None
 
 
+WARNING_MARK = "warning: "  # a start-up line's prefix that `detq run` shows the user (LocalWorkers.warnings)
+
+
+def root_warning(euid: int, settings: Settings) -> str | None:
+    """What to tell a worker started as root (None for any other user): it reads whatever root can."""
+    if euid != 0:
+        return None
+    confined = (
+        f"reads are confined to DETQ_ALLOWED_ROOTS ({', '.join(map(str, settings.allowed_root_paths))}) and"
+        " each job's folders"
+        if settings.allowed_root_paths
+        else "set DETQ_ALLOWED_ROOTS to the folders it may read"
+    )
+    return (
+        "running as root: this worker can read any file root can (a hard link inside a job's folder to"
+        " /etc/shadow would be opened); run it as an unprivileged user, as the Docker images do; " + confined
+    )
+
+
 def run_worker(
     settings: Settings,
     *,
@@ -139,6 +158,8 @@ def run_worker(
             node=node,
             parent_engines=[node_ledger.engine, *([reconciler.ledger.engine] if reconciler.ledger else [])],
         )
+        if (warning := root_warning(os.geteuid(), settings)) is not None:  # once it is sure to run
+            announce(f"{WARNING_MARK}{warning}")
         announce(
             f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
             f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
