@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from detq.display import visible
 from detq.errors import DetqError
 from detq.host import python_command
 from detq.settings import Settings
@@ -103,7 +104,7 @@ class LocalWorkers:
                 found[line.split("] detq: ", 1)[1].strip()] = None
             elif line.startswith(START_WARNING):  # said by the worker's main process before Celery logs
                 found[line.removeprefix(START_WARNING).strip()] = None
-        return list(found)
+        return [visible(line) for line in found]
 
     def check_alive(self) -> None:
         """LocalWorkersFailed if the workers exited."""

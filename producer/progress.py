@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from types import TracebackType
 from typing import TextIO
 
+from detq.display import visible
 from detq.errors import DetqError
 from detq.vocabulary import JobState
 from producer.status import JobStatus
@@ -224,7 +225,7 @@ def summary_lines(status: JobStatus, reasons: Sequence[tuple[str, int]]) -> list
         lines.append(f"  {unread}")
     for reason, count in reasons:
         lines.append(f"  {count:>6} x {reason}")
-    return lines
+    return [visible(line) for line in lines]  # reasons name files, which may hold escape sequences
 
 
 def exit_code_for(status: JobStatus) -> int:

@@ -18,6 +18,7 @@ from db.export_repo import images_with_boxes
 from db.history_repo import jobs_over_roots, latest_image_ids
 from db.job_counts_repo import RunActivity
 from db.models import Image, ModelRecord
+from detq.display import visible
 from detq.errors import DetqError
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
@@ -233,7 +234,7 @@ def run_summary_lines(activity: RunActivity, written: WrittenResults, out_dir: P
         f"results: {out_dir}/ ({', '.join(written.files)})",
     ]
     lines += [f"  {count:>6} x {reason}" for reason, count in written.reasons]
-    return lines
+    return [visible(line) for line in lines]  # reasons and folders name files, which may hold escapes
 
 
 FOLDER_STATUSES = (

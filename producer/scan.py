@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
+from detq.display import visible
 from detq.errors import DetqError
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
@@ -88,7 +89,7 @@ class ScanNotes:
                 else ""
             )
             lines.append(f"no image files found{seen}; detq reads {', '.join(sorted(IMAGE_EXTENSIONS))}")
-        return lines
+        return [visible(line) for line in lines]
 
 
 def is_image_name(name: str) -> bool:

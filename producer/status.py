@@ -14,6 +14,7 @@ from db.clock import ledger_now
 from db.job_counts_repo import JobCounts, job_snapshot
 from db.jobs_repo import CANCELLED_REASON, latest_job_id
 from db.models import Job, as_utc
+from detq.display import visible
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULT_KEY, InferenceSettings
 from detq.vocabulary import JobState
@@ -68,7 +69,7 @@ class JobStatus:
         first = self.unreadable_folders[0] if self.unreadable_folders else None
         such = f", such as {first['folder']} ({first['reason']})" if first else ""
         plural = "folder" if self.unreadable_count == 1 else "folders"
-        return f"{self.unreadable_count} {plural} not read, their images in no job{such}"
+        return visible(f"{self.unreadable_count} {plural} not read, their images in no job{such}")
 
     @property
     def settings_line(self) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from detq.display import visible
 from detq.errors import DetqError
 from detq.setting_values import SettingsError
 from detq.settings import Settings, get_settings
@@ -33,7 +34,7 @@ class CommandError(click.ClickException):
     def show(self, file: Any = None) -> None:
         """One line per message line, each prefixed with the command, as compilers print errors."""
         for line in self.format_message().splitlines() or [""]:
-            click.echo(f"{self.command_path}: {line}", err=True)
+            click.echo(f"{self.command_path}: {visible(line)}", err=True)
 
 
 class DetqCommand(click.Command):

@@ -16,6 +16,7 @@ from detq.cli.base import DetqCommand, examples, inference_options, load_setting
 from detq.cli.following import follow, no_worker_hint
 from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
+from detq.display import visible
 from detq.inference_settings import InferenceSettings
 from detq.vocabulary import ExportFormat, Pool, choices
 from producer.enqueue import enqueue_folders
@@ -186,11 +187,11 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
         print_json(current.as_dict())
     elif not wait:
         click.echo(render_line(current, rate=None))
-        roots = ", ".join(current.roots)
+        roots = visible(", ".join(current.roots))
         click.echo(f"detections {current.detections}, elapsed {time_taken(current)}, roots {roots}")
         click.echo(f"settings: {current.settings_line}")
         if current.closed_reason:
-            click.echo(f"closed early: {current.closed_reason}")
+            click.echo(f"closed early: {visible(current.closed_reason)}")
         if (unread := current.unreadable_line()) is not None:
             click.echo(unread)
         if hint:

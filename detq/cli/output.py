@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import click
 
+from detq.display import visible
+
 
 def print_json(obj: object) -> None:
     """One line of JSON on standard output (dates and paths as strings)."""
@@ -15,7 +17,8 @@ def print_json(obj: object) -> None:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Rows under a header line, columns padded to their widest cell; numbers right-aligned."""
-    cells = [[str(h).upper() for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [[str(h).upper() for h in headers]]
+    cells += [["" if c is None else visible(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     numeric = [
         all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows) and bool(rows)

@@ -69,3 +69,47 @@ def _run_corrupt_folder(deployment: Deployment, tmp_path: Path) -> str:
     # And no input was modified
     assert _digests(folder) == before
     return log
+
+
+def test_names_holding_escape_sequences_print_visibly_escaped_in_every_command(
+    embedded: Deployment, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+
+    from tests.integration.faults import write_images
+    from tests.integration.harness import DETQ
+
+    # Given a folder holding a good image, a FIFO whose name retitles the terminal (OSC) and clears it (CSI),
+    # a file of garbage whose name rings the bell and breaks the line, and a folder named with a colour code
+    folder = tmp_path / "in\x1b[31mred"
+    write_images(folder, 1)
+    os.mkfifo(folder / "\x1b]0;pwned\x07\x1b[2Jfifo.jpg")
+    (folder / "bad\x07bell\nline.jpg").write_bytes(b"not an image")
+    embedded.model = save_fixed_box_model(tmp_path / "fixed.pt", classes=("bg", "thing"), input_size=[64, 64])
+    out = tmp_path / "results"
+    # When each command a person reads runs over them
+    with running_worker(embedded, concurrency=1):
+        enqueued = embedded.run("enqueue", str(folder), "--wait", codes=(4,))
+        said = {
+            "enqueue --wait": enqueued.stdout + enqueued.stderr,
+            "status": embedded.run("status", "1").stdout,
+            "jobs": embedded.run("jobs").stdout,
+        }
+    run = embedded.run("run", str(folder), "--out", str(out), "--workers", "1", "--force", codes=(4,))
+    said["run"] = run.stdout + run.stderr
+    missing = subprocess.run(
+        [*DETQ, "run", str(folder / "gone\x1b[2J.jpg")], env=embedded.env(), capture_output=True, text=True
+    )
+    said["an error"] = missing.stderr
+    # Then no line carries a control character: each is written as its escape
+    for command, text in said.items():
+        shown = text.replace("\n", "")
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in shown), (command, text)
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jfifo.jpg" in said["enqueue --wait"]  # the FIFO's reason, escaped
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jfifo.jpg" in said["run"]
+    assert "in\\x1b[31mred" in said["status"] and "in\\x1b[31mred" in said["jobs"]
+    assert said["an error"].count("\n") == 1 and "gone\\x1b[2J.jpg" in said["an error"]  # one line
+    # And the data files keep the names as they are
+    rows = [json.loads(line) for line in (out / "detections.jsonl").read_text().splitlines()]
+    assert str(folder / "\x1b]0;pwned\x07\x1b[2Jfifo.jpg") in {row["path"] for row in rows}
