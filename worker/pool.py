@@ -8,7 +8,12 @@ import socket
 from collections.abc import Callable, Sequence
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from celery.utils.nodenames import default_nodename, host_format
 from celery.worker import state as worker_state
 from kombu.utils.url import maybe_sanitize_url
@@ -18,6 +23,7 @@ from db.ledger import open_ledger
 from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUES_BY_POOL
+from detq.display import escape_handlers
 from detq.errors import DetqError
 from detq.host import usable_cores
 from detq.modelfile import file_sha256, identify_model_file
@@ -177,6 +183,12 @@ def run_worker(
     return exit_code
 
 
+def _escaped_log(logger: logging.Logger, **_: object) -> None:
+    """Celery's log handlers, once it made them: file names and reasons in the log with their control
+    characters escaped."""
+    escape_handlers(logger)
+
+
 def _run_consumer(
     app: Celery,
     bootstrap: PoolBootstrap,
@@ -189,6 +201,8 @@ def _run_consumer(
 ) -> int:
     worker_process_init.connect(bootstrap.init_process, weak=False)
     worker_process_shutdown.connect(bootstrap.shutdown_process, weak=False)
+    after_setup_logger.connect(_escaped_log, weak=False)
+    after_setup_task_logger.connect(_escaped_log, weak=False)
     worker = app.Worker(
         hostname=node,
         queues=queues,
@@ -207,4 +221,6 @@ def _run_consumer(
     finally:
         worker_process_init.disconnect(bootstrap.init_process)
         worker_process_shutdown.disconnect(bootstrap.shutdown_process)
+        after_setup_logger.disconnect(_escaped_log)
+        after_setup_task_logger.disconnect(_escaped_log)
     return int(getattr(worker, "exitcode", 0) or 0)

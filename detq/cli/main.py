@@ -72,7 +72,7 @@ class RootGroup(DetqGroup):
     cls=RootGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
     epilog="Run `detq COMMAND --help` for a command's options and examples. Configuration: DETQ_* variables "
-    "or a .env file (README, Configuration).",
+    "or a .env file (docs/configuration.md).",
 )
 @click.version_option(__version__, "-V", "--version", prog_name="detq", message="%(prog)s %(version)s")
 def cli() -> None:
