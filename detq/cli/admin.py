@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 
@@ -14,7 +15,6 @@ from db.migrate import current_revision, head_revision, upgrade
 from detq.cli.base import DetqCommand, DetqGroup, examples, load_settings
 from detq.cli.output import print_json
 from detq.host import python_command
-from detq.settings import Settings
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -60,6 +60,7 @@ def db_current(as_json: bool) -> None:
     epilog=examples(
         "detq flower",
         "DETQ_FLOWER_BASIC_AUTH=ops:secret detq flower --address 0.0.0.0 --port 8080",
+        "detq flower --no-auth   # no sign-in: anyone who reaches the port sees tasks and workers",
     ),
 )
 @click.option(
@@ -69,26 +70,49 @@ def db_current(as_json: bool) -> None:
     "--address",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on; anything but loopback should come with DETQ_FLOWER_BASIC_AUTH.",
+    help="Address to listen on.",
 )
-def flower(port: int, address: str) -> None:
-    """Run Celery Flower on the configured broker.
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Serve without sign-in (its pages show task arguments and worker names to whoever reaches them).",
+)
+def flower(port: int, address: str, no_auth: bool) -> None:
+    """Run Celery Flower on the configured broker, behind a sign-in.
 
-    Needs the flower extra: pip install 'detq[flower]'. Listens on 127.0.0.1 unless told otherwise.
+    Needs the flower extra: pip install 'detq[flower]'. Listens on 127.0.0.1 unless told otherwise. Its
+    sign-in is DETQ_FLOWER_BASIC_AUTH (user:password pairs); without one, a password is made for this run
+    and printed once.
     """
-    argv, env = flower_command(load_settings(), address=address, port=port)
-    if address not in ("127.0.0.1", "localhost", "::1") and "FLOWER_BASIC_AUTH" not in env:
-        click.echo(f"detq flower: listening on {address} without DETQ_FLOWER_BASIC_AUTH", err=True)
+    settings = load_settings()
+    auth = None if no_auth else settings.flower_basic_auth
+    if auth is None and not no_auth:
+        password = secrets.token_urlsafe(18)
+        auth = f"{GENERATED_USER}:{password}"
+        click.echo(
+            f"detq flower: sign in as {GENERATED_USER} with password {password} (made for this run, as"
+            " DETQ_FLOWER_BASIC_AUTH is not set; set it to user:password to choose one)",
+            err=True,
+        )
+    elif no_auth:
+        click.echo(
+            f"detq flower: --no-auth: whoever reaches {address}:{port} sees tasks and workers", err=True
+        )
+    argv, env = flower_command(address=address, port=port, auth=auth)
     raise SystemExit(run_until_stopped(argv, env))
 
 
-def flower_command(settings: Settings, *, address: str, port: int) -> tuple[list[str], dict[str, str]]:
+GENERATED_USER = "detq"
+
+
+def flower_command(*, address: str, port: int, auth: str | None) -> tuple[list[str], dict[str, str]]:
     """Flower's command line and environment: the broker URL and credentials travel in the environment
     (the child reads detq's settings from it, detq.cli.flower_app), never on the command line, where any
-    local user could read them (ps)."""
+    local user could read them (ps). auth: Flower's basic auth (user:password pairs); None: none."""
     env = dict(os.environ)
-    if settings.flower_basic_auth:
-        env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+    env.pop("FLOWER_BASIC_AUTH", None)  # Flower's own variable, from the shell, is not a sign-in detq chose
+    if auth:
+        env["FLOWER_BASIC_AUTH"] = auth
     argv = python_command("-m", "detq.cli.flower_app", f"--address={address}", f"--port={port}")
     return argv, env
 

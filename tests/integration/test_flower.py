@@ -59,14 +59,18 @@ def _wait_for_node(port: int, node: str) -> None:
 
 
 @contextmanager
-def _flower(deployment: Deployment, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """`detq flower` on this deployment's broker, listening on port; SIGTERM afterwards if still running."""
-    flower = subprocess.Popen(
-        [*DETQ, "flower", "--port", str(port)],
-        env=deployment.env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def _flower(
+    deployment: Deployment, port: int, *flags: str, said: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`detq flower` on this deployment's broker, listening on port (its standard error in `said`);
+    SIGTERM afterwards if still running."""
+    with open(said or "/dev/null", "wb") as err:
+        flower = subprocess.Popen(
+            [*DETQ, "flower", "--port", str(port), *flags],
+            env=deployment.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         wait_for_port(port)
         yield flower
@@ -94,6 +98,29 @@ def test_flower_asks_for_credentials_and_lists_a_running_worker(redis_url: str, 
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
     assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), code
+
+
+def test_flower_without_a_configured_sign_in_makes_one_and_says_it_once(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Given no DETQ_FLOWER_BASIC_AUTH
+    deployment = Deployment(tmp_path / "data", broker_url=redis_url)
+    port = free_port()
+    said = tmp_path / "flower.err"
+    with _flower(deployment, port, said=said):
+        # When its pages are asked for without credentials, with the password it printed, and a wrong one
+        lines = said.read_text().splitlines()
+        made = [line for line in lines if line.startswith("detq flower: sign in as detq with password ")]
+        assert len(made) == 1, lines
+        password = made[0].split("password ", 1)[1].split(" ", 1)[0]
+        statuses = [_get(port, "/")[0], _get(port, "/", f"detq:{password}")[0], _get(port, "/", "detq:x")[0]]
+    # Then only the password it made opens them
+    assert statuses == [401, 200, 401]
+    # And --no-auth serves without a sign-in, saying so
+    port = free_port()
+    with _flower(deployment, port, "--no-auth", said=said):
+        assert _get(port, "/")[0] == 200
+    assert "--no-auth: whoever reaches 127.0.0.1:" in said.read_text()
 
 
 def test_flower_on_a_tls_only_redis_whose_ca_the_url_names_shows_the_worker_and_the_queues(

@@ -327,14 +327,15 @@ def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_lin
     from detq.cli.admin import flower_command
 
     monkeypatch.setenv("DETQ_BROKER_URL", "rediss://:hunter2@queue:6380/0")
-    monkeypatch.setenv("DETQ_FLOWER_BASIC_AUTH", "ops:secret")
-    get_settings.cache_clear()
-    argv, env = flower_command(get_settings(), address="127.0.0.1", port=5555)
-    assert "--address=127.0.0.1" in argv and not any("hunter2" in arg for arg in argv)
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "from:the-shell")
+    argv, env = flower_command(address="127.0.0.1", port=5555, auth="ops:secret")
+    assert "--address=127.0.0.1" in argv and not any("hunter2" in arg or "secret" in arg for arg in argv)
     # The child reads the broker from detq's settings in its environment (detq.cli.flower_app)
     assert argv[1:4] == ["-P", "-m", "detq.cli.flower_app"]
     assert env["DETQ_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
     assert env["FLOWER_BASIC_AUTH"] == "ops:secret"
+    # Without a sign-in (--no-auth), none: not even Flower's own variable from the shell
+    assert "FLOWER_BASIC_AUTH" not in flower_command(address="127.0.0.1", port=5555, auth=None)[1]
 
 
 def test_flowers_app_carries_a_rediss_urls_tls_settings_as_broker_use_ssl(
