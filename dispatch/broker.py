@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -85,15 +86,30 @@ def _read_redis(app: Celery) -> BrokerView:
                     task_id = queued_task_id(raw)
                     if task_id is not None:
                         queued.add(task_id)
-        delivered = dict(client.zrange(channel.unacked_index_key, 0, -1, withscores=True))
-        for tag, raw in client.hgetall(channel.unacked_key).items():
+        index, held = _unacked_state(client, channel.unacked_index_key, channel.unacked_key)
+        delivered = dict(index)
+        for tag, raw in held.items():
             entry = _loads(raw)
             payload = entry[0] if isinstance(entry, list) and entry else None
             key = tag.decode() if isinstance(tag, bytes) else str(tag)
             when = delivered.get(tag, delivered.get(key))
-            stamp = float(when) if isinstance(when, int | float) else 0.0
+            # A message with no delivery time is taken as delivered now: never given back on a guess
+            stamp = float(when) if isinstance(when, int | float) else math.inf
             unacked.append(Unacked(tag=key, task_id=_task_id(payload), delivered_at=stamp))
     return BrokerView(queued=queued, unacked=unacked)
+
+
+def _unacked_state(
+    client: Any, index_key: str, hash_key: str
+) -> tuple[list[tuple[bytes, float]], dict[bytes, bytes]]:
+    """kombu's unacked index (tag, delivery time) and hash (tag -> message), read in one MULTI: the
+    state between two commands. Read apart, a message delivered between them was in the hash with no
+    time, taken for one delivered at 0 and given back at once."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.zrange(index_key, 0, -1, withscores=True)
+        pipe.hgetall(hash_key)
+        index, held = pipe.execute()
+    return list(index), dict(held)
 
 
 # Messages read per LRANGE: a backlog of 60,000 batches is 60 MB of messages, which one LRANGE would hold

@@ -98,3 +98,59 @@ def test_the_task_id_read_in_place_is_the_one_in_the_parsed_message(redis_url: s
     # And an id of bytes that are not UTF-8 is read without an error (it names no batch)
     forged = b'{"headers": {"lang": "py", "task": "t", "id": "\xff\xfe"}}'
     assert broker.queued_task_id(forged) == "\ufffd\ufffd"
+
+
+def test_a_message_delivered_between_the_reads_is_not_given_back(redis_url: str, client: redis.Redis) -> None:
+    from datetime import UTC, datetime
+
+    from dispatch.reconcile import _restore_orphans
+
+    # Given a batch queued on Redis and delivered to a consumer that has not acked it
+    settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
+    app = make_celery_app(settings)
+    with ChunkSender(app, 1, Pool.CPU) as sender:
+        sender.submit([(7, [7])])
+        sender.finish()
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    message = channel.basic_get("cpu", no_ack=False)
+    assert message is not None
+    tag = message.delivery_tag
+    # And the broker caught as a reader reading the index and the hash apart saw it: in the hash, with no
+    # delivery time in the index yet
+    client.zrem(channel.unacked_index_key, tag)
+    try:
+        # When the reconciler reads the broker and looks for messages no live worker holds
+        view = read_broker(app, settings)
+        (seen,) = view.unacked
+        given_back = _restore_orphans(app, view, set(), 0.0, datetime.now(UTC))
+        # Then the message counts as just delivered: not given back on a guess
+        assert (seen.tag, seen.task_id) == (tag, "detq-batch-7") and seen.delivered_at == float("inf")
+        assert given_back == set() and client.llen("cpu") == 0
+        # And once its delivery time shows, long past, with no live holder, it is given back
+        client.zadd(channel.unacked_index_key, {tag: 1.0})
+        assert _restore_orphans(app, read_broker(app, settings), set(), 0.0, datetime.now(UTC)) == {
+            "detq-batch-7"
+        }
+        assert client.llen("cpu") == 1
+    finally:
+        connection.close()
+        app.close()
+
+
+def test_the_unacked_index_and_hash_are_read_in_one_transaction(redis_url: str, client: redis.Redis) -> None:
+    # Given an index and a hash, and Redis' MONITOR showing every command it runs
+    client.zadd("idx", {"t1": 5.0})
+    client.hset("h", "t1", "[1]")
+    reader = redis.Redis.from_url(redis_url)
+    with client.monitor() as monitor:
+        # When the reconciler's read of the unacked state runs
+        index, held = broker._unacked_state(reader, "idx", "h")
+        commands: list[str] = []
+        while "EXEC" not in commands and len(commands) < 20:  # after the connection's own HELLO, SELECT
+            name = str(monitor.next_command()["command"]).split()[0].upper()
+            commands += [name] if name in ("MULTI", "ZRANGE", "HGETALL", "EXEC") else []
+    reader.close()
+    # Then both came back from one MULTI ... EXEC: nothing can change between them
+    assert index == [(b"t1", 5.0)] and held == {b"t1": b"[1]"}
+    assert commands == ["MULTI", "ZRANGE", "HGETALL", "EXEC"]
