@@ -154,14 +154,16 @@ def _loads(raw: bytes | str) -> Any:
 
 
 def restore_unacked(app: Celery, tags: list[str]) -> int:
-    """Put unacked Redis messages back at the head of their queue, as kombu does after its visibility
-    timeout, but now (their consumer is gone); returns how many were restored."""
+    """Put unacked Redis messages back where consumers take next (the list's tail: kombu pushes new
+    messages at its head and consumers pop its tail), as kombu does after its visibility timeout, but now
+    (their consumer is gone); returns how many were restored. Put at the head, a batch a hung worker held
+    waited behind the whole backlog."""
     if not tags:
         return 0
     with app.connection_for_write() as connection:
         channel: Any = connection.default_channel
         for tag in tags:
-            channel.qos.restore_by_tag(tag, client=channel.client, leftmost=True)
+            channel.qos.restore_by_tag(tag, client=channel.client, leftmost=False)
     return len(tags)
 
 

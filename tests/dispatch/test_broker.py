@@ -127,12 +127,18 @@ def test_a_message_delivered_between_the_reads_is_not_given_back(redis_url: str,
         # Then the message counts as just delivered: not given back on a guess
         assert (seen.tag, seen.task_id) == (tag, "detq-batch-7") and seen.delivered_at == float("inf")
         assert given_back == set() and client.llen("cpu") == 0
-        # And once its delivery time shows, long past, with no live holder, it is given back
+        # And once its delivery time shows, long past, with no live holder, it is given back where consumers
+        # take next (the list's tail: kombu pushes at the head, consumers pop the tail), ahead of a backlog
+        with ChunkSender(app, 1, Pool.CPU) as sender:
+            sender.submit([(b, [b]) for b in range(8, 30)])
+            sender.finish()
         client.zadd(channel.unacked_index_key, {tag: 1.0})
         assert _restore_orphans(app, read_broker(app, settings), set(), 0.0, datetime.now(UTC)) == {
             "detq-batch-7"
         }
-        assert client.llen("cpu") == 1
+        assert client.llen("cpu") == 23
+        next_taken = client.rpop("cpu")
+        assert isinstance(next_taken, bytes) and broker.queued_task_id(next_taken) == "detq-batch-7"
     finally:
         connection.close()
         app.close()
