@@ -16,6 +16,8 @@ QUEUES_BY_POOL: dict[WorkerPool, tuple[str, ...]] = {
     WorkerPool.CPU: (QUEUE_CPU, QUEUE_ANY),
 }
 TASK_PROCESS_BATCH = "detq.process_batch"
+# A batch message header: sent again by the reconciler, to be handed out before the queue's backlog.
+SENT_AGAIN_HEADER = "detq_sent_again"
 # `detq scheduler` alone consumes the control queue: beat sends it one scheduled run at a time, and the
 # task (producer/scheduler/control.py) scans and enqueues without torch. Inference workers never listen.
 QUEUE_CONTROL = "control"

@@ -15,6 +15,8 @@ from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+from detq.contract import SENT_AGAIN_HEADER
+
 log = logging.getLogger(__name__)
 
 PARTIAL_SUFFIX = ".partial"
@@ -74,6 +76,10 @@ class Channel(filesystem.Channel):
         # millisecond came out in the order of their random uuids, and a job's tapered last batches were
         # taken small before large; unpadded, "99999_" sorts after "100000_".
         name = f"{monotonic_ns():020d}_{self._unique()}.{queue}.msg"
+        if payload.get("headers", {}).get(SENT_AGAIN_HEADER):
+            # Sent again by the reconciler (its batch lost, or held by a worker gone): named to sort before
+            # every other message (their times are not all zeros), in the order such messages were sent
+            name = f"{0:020d}_{name}"
         final = os.path.join(self.data_folder_out, name)
         partial = final + PARTIAL_SUFFIX  # not *.<queue>.msg: no reader picks it up
         with open(partial, "wb") as handle:

@@ -87,7 +87,7 @@ def _read_redis(app: Celery) -> BrokerView:
                     if task_id is not None:
                         queued.add(task_id)
         index, held = _unacked_state(client, channel.unacked_index_key, channel.unacked_key)
-        delivered = dict(index)
+        delivered: dict[Any, float] = dict(index)
         for tag, raw in held.items():
             entry = _loads(raw)
             payload = entry[0] if isinstance(entry, list) and entry else None

@@ -121,7 +121,7 @@ def _resend(ledger: Ledger, app: Celery, batch: OpenBatch, batch_id: int, now: d
         ledger.sessions, partial(pending_ids_of_batch, job_id=batch.job_id, batch_id=batch_id)
     )
     if ids:
-        send_batch(app, job_id=batch.job_id, batch_id=batch_id, image_ids=ids, pool=batch.pool)
+        send_batch(app, job_id=batch.job_id, batch_id=batch_id, image_ids=ids, pool=batch.pool, again=True)
     in_transaction(ledger.sessions, lambda s: mark_sent(s, [batch_id], now))
     return len(ids)
 

@@ -9,7 +9,14 @@ from typing import Any, cast
 
 from celery import Celery
 
-from detq.contract import TASK_PROCESS_BATCH, BatchMessage, backup_task_id_for, queue_for_pool, task_id_for
+from detq.contract import (
+    SENT_AGAIN_HEADER,
+    TASK_PROCESS_BATCH,
+    BatchMessage,
+    backup_task_id_for,
+    queue_for_pool,
+    task_id_for,
+)
 
 
 def send_batch(
@@ -22,11 +29,15 @@ def send_batch(
     producer: Any = None,
     declare: bool = True,
     backup: bool = False,
+    again: bool = False,
 ) -> None:
     """Publish one batch (raises kombu's OperationalError when the broker cannot be reached).
 
     declare=False skips declaring the queue, for a producer that declared it already (declare_queue).
     backup=True sends the batch's backup copy (its own task id), to race a slow run at a queue's tail.
+    again=True marks a batch sent again by the reconciler (its copy lost, or held by a worker gone): the
+    embedded broker hands it out before the queue's backlog (detq.embedded_broker), as Redis does a
+    message given back (dispatch.broker.restore_unacked).
     """
     queue = queue_for_pool(pool)
     task_id = backup_task_id_for(batch_id) if backup else task_id_for(batch_id)
@@ -43,6 +54,8 @@ def send_batch(
         argsrepr=f"(job {job_id}, {len(image_ids)} images)",
         kwargsrepr="{}",
     )
+    if again:
+        message.headers[SENT_AGAIN_HEADER] = True
     with app.producer_or_acquire(producer) as publisher:
         app.amqp.send_task_message(
             publisher,

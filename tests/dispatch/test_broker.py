@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -160,3 +161,27 @@ def test_the_unacked_index_and_hash_are_read_in_one_transaction(redis_url: str, 
     # Then both came back from one MULTI ... EXEC: nothing can change between them
     assert index == [(b"t1", 5.0)] and held == {b"t1": b"[1]"}
     assert commands == ["MULTI", "ZRANGE", "HGETALL", "EXEC"]
+
+
+def test_the_embedded_broker_hands_out_a_batch_sent_again_before_its_backlog(tmp_path: Path) -> None:
+    from dispatch.send import send_batch
+
+    # Given the embedded broker with a backlog of 22 batches, then two batches the reconciler sends again
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
+    app = make_celery_app(settings)
+    with ChunkSender(app, 1, Pool.CPU) as sender:
+        sender.submit([(b, [b]) for b in range(1, 23)])
+        sender.finish()
+    send_batch(app, job_id=1, batch_id=40, image_ids=[40], pool="cpu", again=True)
+    send_batch(app, job_id=1, batch_id=41, image_ids=[41], pool="cpu", again=True)
+    # When a worker's channel takes the next messages of the queue
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        taken = [channel.basic_get("cpu", no_ack=True) for _ in range(3)]
+    app.close()
+    # Then the batches sent again come first, in the order they were sent, then the backlog's oldest
+    assert [message.headers["id"] for message in taken if message is not None] == [
+        "detq-batch-40",
+        "detq-batch-41",
+        "detq-batch-1",
+    ]
