@@ -275,7 +275,7 @@ class ReportPage:
             return image.path
         root = self.roots[image.root_index]
         relative = os.path.relpath(image.path, root)
-        if relative.startswith(os.pardir):
+        if relative == os.pardir or relative.startswith(os.pardir + os.sep):
             return image.path
         return f"{Path(root).name}/{relative}" if len(self.roots) > 1 else relative
 
