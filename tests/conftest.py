@@ -6,6 +6,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,22 +46,31 @@ def postgres_admin_url() -> str:
     return POSTGRES_ADMIN_URL
 
 
-@pytest.fixture()
-def postgres_url(postgres_admin_url: str) -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+@contextmanager
+def _throwaway_database(
+    admin_url: str, prefix: str, template: str | None = None
+) -> Iterator[tuple[str, str]]:
+    """A new PostgreSQL database (a copy of `template` where given), dropped afterwards: its name and URL."""
     import sqlalchemy as sa
 
-    name = f"detq_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copied = f' TEMPLATE "{template}"' if template else ""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"{copied}'))
     try:
-        yield url
+        yield name, sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture()
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    with _throwaway_database(postgres_admin_url, "detq_test") as (_, url):
+        yield url
 
 
 @pytest.fixture()
@@ -107,22 +117,12 @@ def migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def migrated_postgres_template(postgres_admin_url: str) -> Iterator[str]:
     """A PostgreSQL database migrated once per test session, the template each test's copy is made from
-    (CREATE DATABASE ... TEMPLATE copies its files: a few milliseconds, where migrating took hundreds)."""
-    import sqlalchemy as sa
-
+    (CREATE DATABASE ... TEMPLATE took 0.03 s here, migrating an empty one 0.08 s; SQLite's 0.19 s)."""
     from tests.ledger_support import migrate
 
-    name = f"detq_template_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    migrate(sa.engine.make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False))
-    try:
+    with _throwaway_database(postgres_admin_url, "detq_template") as (name, url):
+        migrate(url)
         yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -130,25 +130,15 @@ def migrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     """A fresh ledger at the newest schema for one test, on SQLite and on PostgreSQL: a copy of the
     session's migrated template."""
     if request.param == "sqlite":
-        template: Path = request.getfixturevalue("migrated_sqlite_template")
+        migrated: Path = request.getfixturevalue("migrated_sqlite_template")
         path = tmp_path / "detq.db"
-        shutil.copyfile(template, path)
+        shutil.copyfile(migrated, path)
         yield f"sqlite:///{path}"
         return
-    import sqlalchemy as sa
-
     admin_url: str = request.getfixturevalue("postgres_admin_url")
-    template_name: str = request.getfixturevalue("migrated_postgres_template")
-    name = f"detq_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template_name}"'))
-    try:
-        yield sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    template: str = request.getfixturevalue("migrated_postgres_template")
+    with _throwaway_database(admin_url, "detq_test", template) as (_, url):
+        yield url
 
 
 @pytest.fixture()
