@@ -25,6 +25,7 @@ from detq.setting_values import (
     size,
     text,
 )
+from detq.speedups import as_saved_values
 from detq.vocabulary import ModelFormat, Pool, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
@@ -160,6 +161,22 @@ class Settings:
             " reach them, kept where they stay bit for bit the same on probes (docs/models.md)."
         ),
     )
+    process_tuning: bool = setting(
+        True,
+        read=boolean,
+        doc=(
+            "Pool processes keep large image buffers in their heap while at work and freeze what start-up"
+            " made from the garbage collector; no answer depends on it (docs/models.md#speed-ups)."
+        ),
+    )
+    as_saved: bool = setting(
+        False,
+        read=boolean,
+        doc=(
+            "Turn every speed-up off (docs/models.md#speed-ups): the model as its file has it, one image a"
+            " forward, no opt-in, pool processes untuned. The baseline, and the switch when one is suspect."
+        ),
+    )
     precision: Precision = setting(
         Precision.FP32,
         read=choice(Precision),
@@ -237,13 +254,21 @@ class Settings:
         given = {**{name: found[name] for name in SETTING_NAMES if name in found}, **values}
         for name, value in read_values(fields(Settings), given, _variable, defaults=True).items():
             setattr(self, name, value)
+        self._fold_as_saved()
 
     def replace(self, **updates: Any) -> Settings:
         """A copy with these settings changed, each checked as when read."""
         changed = copy.copy(self)
         for name, value in read_values(fields(Settings), updates, _variable, defaults=False).items():
             setattr(changed, name, value)
+        changed._fold_as_saved()
         return changed
+
+    def _fold_as_saved(self) -> None:
+        """Under as_saved, every speed-up's switch at its off value (detq.speedups), whatever else says."""
+        if self.as_saved:
+            for name, value in as_saved_values().items():
+                setattr(self, name, value)
 
     @property
     def heartbeat_interval_s(self) -> float:

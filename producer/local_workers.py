@@ -56,6 +56,7 @@ class LocalWorkers:
             DETQ_DATABASE_URL=self.settings.resolved_database_url,
             DETQ_BROKER_URL=self.settings.resolved_broker_url,
             DETQ_MODEL=str(self.settings.model),
+            DETQ_AS_SAVED=str(self.settings.as_saved).lower(),  # `detq run --as-saved`
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         command = python_command("-m", "detq.cli", "worker", "--pool", self.pool.value)

@@ -77,8 +77,10 @@ class PoolBootstrap:
             from worker.models.sampled_resize import SCRATCH
             from worker.runtime import WorkerRuntime, load_configured
 
-            kept = keep_large_buffers()
-            if not kept:
+            # Process tunings (detq.speedups): DETQ_PROCESS_TUNING, off under DETQ_AS_SAVED.
+            tuned = self.settings.process_tuning
+            kept = tuned and keep_large_buffers()
+            if tuned and not kept:
                 log.info("large image buffers are mapped afresh: not glibc, or it refused a 1 GB threshold")
             index = int(getattr(current_process(), "index", 0) or 0)
             device = device_for_process(self.pool, index, self.gpu_count)
@@ -129,7 +131,8 @@ class PoolBootstrap:
             # Everything so far (torch, the model, Celery) lives as long as the process. Out of the
             # collector's sight, the first batch no longer pays a full collection of some 400,000 objects
             # (0.2 s here), nor does any later collection that reaches the oldest generation.
-            gc.freeze()
+            if tuned:
+                gc.freeze()
             log.info(
                 "detq: pool process %d (pid %d) ready on %s with %d intra-op and %d decode threads, JPEGs"
                 " decoded by %s (%d long-lived objects frozen for the garbage collector)",

@@ -170,6 +170,7 @@ def run_worker(
             f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
             f"decode threads/process={decoders} gpus={gpu_count} model={settings.model} "
             f"broker={maybe_sanitize_url(settings.resolved_broker_url)}"
+            + (" speed-ups=off (as saved)" if settings.as_saved else "")
         )
         exit_code = _run_consumer(app, bootstrap, node, consumed, processes, loglevel, settings, watch)
     finally:

@@ -82,6 +82,15 @@ def load_settings() -> Settings:
         raise ConfigError(f"bad configuration: {exc}") from None
 
 
+def as_saved_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--as-saved: every speed-up off (detq.speedups), as DETQ_AS_SAVED=true."""
+    return click.option(
+        "--as-saved",
+        is_flag=True,
+        help="Every speed-up off: the model as its file has it, one image a forward (DETQ_AS_SAVED).",
+    )(command)
+
+
 def examples(*lines: str) -> str:
     """An epilog of example command lines, kept as written by click's help formatter."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -17,7 +17,14 @@ from db.jobs_repo import delete_job, get_or_create_model
 from db.ledger import Ledger, ledger
 from db.models import ModelRecord
 from detq.celery_app import make_celery_app
-from detq.cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
+from detq.cli.base import (
+    DetqCommand,
+    as_saved_option,
+    examples,
+    inference_options,
+    load_settings,
+    with_inference_flags,
+)
 from detq.cli.following import follow
 from detq.cli.output import print_json
 from detq.errors import DetqError
@@ -94,6 +101,7 @@ EXIT_INTERRUPTED = 130
     "--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Give up after this."
 )
 @inference_options
+@as_saved_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end instead of text.")
 def run(
     paths: tuple[str, ...],
@@ -108,6 +116,7 @@ def run(
     classes: str | None,
     imgsz: str | None,
     force: bool,
+    as_saved: bool,
     as_json: bool,
 ) -> None:
     """Run the model over folders (or image files and globs) here and write the results to a folder.
@@ -118,7 +127,7 @@ def run(
     resumes. Exit 0: every image done, 4: finished with failures, 5: timed out.
     """
     settings = with_inference_flags(load_settings(), conf, classes, imgsz)
-    settings = settings.replace(model=check_model_file(model or settings.model))
+    settings = settings.replace(model=check_model_file(model or settings.model), **_as_saved(as_saved))
     inference = InferenceSettings.from_settings(settings)
     selection = select_paths(paths)
     roots = check_roots(selection.roots, settings.allowed_root_paths)
@@ -392,3 +401,8 @@ def _left(deadline: float | None) -> float | None:
 
 def _exit_code(finals: list[JobStatus]) -> int:
     return EXIT_FINISHED_WITH_FAILURES if any(exit_code_for(f) for f in finals) else 0
+
+
+def _as_saved(flag: bool) -> dict[str, bool]:
+    """--as-saved as a setting; without it, DETQ_AS_SAVED as it is."""
+    return {"as_saved": True} if flag else {}

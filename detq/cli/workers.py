@@ -8,10 +8,19 @@ from typing import TYPE_CHECKING
 
 import click
 
-from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings, with_inference_flags
+from detq.cli.base import (
+    EXIT_ERROR,
+    DetqCommand,
+    DetqGroup,
+    as_saved_option,
+    examples,
+    load_settings,
+    with_inference_flags,
+)
 from detq.cli.output import print_json
 from detq.contract import INFERENCE_QUEUES
 from detq.errors import DetqError
+from detq.speedups import off_by_settings
 from detq.vocabulary import ModelFormat, Precision, WorkerPool, choices
 
 if TYPE_CHECKING:
@@ -60,6 +69,7 @@ class TorchMissing(DetqError):
 )
 @click.option("--format", "fmt", type=FORMAT_CHOICE, help="Override the model's output format.")
 @click.option("--input-size", help="Override the model's input size: H,W or one number.")
+@as_saved_option
 def worker(
     pool: str,
     concurrency: int | None,
@@ -69,6 +79,7 @@ def worker(
     model: Path | None,
     fmt: str | None,
     input_size: str | None,
+    as_saved: bool,
 ) -> None:
     """Run a GPU or CPU worker pool.
 
@@ -86,6 +97,8 @@ def worker(
         updates["model_format"] = ModelFormat(fmt)
     if input_size is not None:
         updates["input_size"] = input_size
+    if as_saved:
+        updates["as_saved"] = True
     if updates:
         settings = settings.replace(**updates)
     code = run_worker(
@@ -146,6 +159,7 @@ def model() -> None:
     type=click.IntRange(1, 256),
     help="Warm it up at this many images, as workers do (default: DETQ_MICRO_BATCH).",
 )
+@as_saved_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def inspect(
     path: Path,
@@ -155,11 +169,13 @@ def inspect(
     precision: str,
     cpu_optimize: bool,
     micro_batch: int | None,
+    as_saved: bool,
     as_json: bool,
 ) -> None:
     """What a model file is and whether it runs here.
 
-    Format, classes, input size, saved devices, baked device constants; then a real load and warm-up.
+    Format, classes, input size, saved devices, baked device constants; then a real load and warm-up as
+    this machine's workers would load it, with the speed-ups that applied and those turned off.
     """
     _require_torch("detq model inspect")
     from worker.models.metadata import MetaOverrides, parse_input_size
@@ -168,18 +184,25 @@ def inspect(
     overrides = MetaOverrides(
         format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
     )
-    settings = load_settings()
+    flags: dict[str, object] = {"cpu_optimize": True} if cpu_optimize else {}
+    flags.update({"micro_batch": micro_batch} if micro_batch else {})
+    flags.update({"as_saved": True} if as_saved else {})
+    settings = load_settings().replace(**flags)  # as the workers of this environment would load it
     report = inspect_model(
         path,
         device=device,
         overrides=overrides,
         precision=Precision(precision),
-        cpu_optimize=cpu_optimize,
-        micro_batch=micro_batch or settings.micro_batch,
-        channels_last=settings.cpu_channels_last,  # as the workers of this environment would
+        cpu_optimize=settings.cpu_optimize,
+        micro_batch=settings.micro_batch,
+        channels_last=settings.cpu_channels_last,
         sampled_resize=settings.cpu_sampled_resize,
         selected_detections=settings.cpu_selected_detections,
     )
+    if report.get("loads_here"):
+        report["speedups_off"] = [
+            f"{s.name} ({s.variable}={str(s.off).lower()})" for s in off_by_settings(settings)
+        ]
     if as_json:
         print_json(report)
     else:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from detq.speedups import SPEEDUPS
 from tests.integration.harness import Deployment, running_worker
 from tests.support import (
     letterbox_expectation,
@@ -126,3 +127,11 @@ def test_model_inspect_command(embedded: Deployment, tmp_path: Path) -> None:
     )
     packed = embedded.run_json("model", "inspect", str(tmp_path / "p.pt"))
     assert packed["classes"] == ["a", "b"] and packed["metadata_source"] == "detq.json in the model file"
+    assert "micro-batches (any)" in packed["speedups"]
+    assert packed["speedups_off"] == [
+        "frozen graph (DETQ_CPU_OPTIMIZE=false)",
+        "reduced JPEG decode (DETQ_FAST_DECODE=false)",
+    ]
+    as_saved = embedded.run_json("model", "inspect", str(tmp_path / "p.pt"), "--as-saved")
+    assert as_saved["speedups"] == [] and as_saved["micro_batch"] == 1
+    assert len(as_saved["speedups_off"]) == len(SPEEDUPS)

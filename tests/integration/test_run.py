@@ -149,9 +149,11 @@ def test_a_changed_threshold_is_new_work_and_force_runs_it_again(
     third, again = run("--conf", "0.3")
     assert "nothing new to queue: 12 images found" in third.stderr and "conf 0.3" in third.stderr
     assert again == loose
-    _, forced = run("--conf", "0.3", "--force")
+    # (--force run with every speed-up off: the same detections as the tuned first run)
+    _, forced = run("--conf", "0.3", "--force", "--as-saved")
     assert {r["job_id"] for r in forced} != {r["job_id"] for r in loose}
     assert sorted(d["score"] for r in forced for d in r["detections"]) == sorted(loose_scores)  # type: ignore[attr-defined]
+    assert "speed-ups=off (as saved)" in (out / "worker.log").read_text()
     # And the job says what it was run with
     status = embedded.run_json("status")
     assert status["settings"]["score_threshold"] == 0.3

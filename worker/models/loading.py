@@ -21,7 +21,7 @@ from detq.modelfile import (
     identify_model_file,
 )
 from detq.vocabulary import ModelFormat, Precision
-from worker.models.batching import ONE_AT_A_TIME, Grouping, choose_grouping
+from worker.models.batching import ONE_AT_A_TIME, Grouping, Rule, choose_grouping
 from worker.models.devicefix import rewrite_device_constants
 from worker.models.formats import FormatAdapter, TorchvisionAdapter, adapter_for
 from worker.models.introspect import torchvision_fixed_size, torchvision_input_size
@@ -83,6 +83,8 @@ class LoadedModel:
     grouping: Grouping = ONE_AT_A_TIME
     # The rewrites made at load, checked again on this process's first real forwards (None: none made).
     rewrite_check: RewriteCheck | None = None
+    # The speed-ups (detq.speedups) this load applied, by name; `detq model inspect` lists them.
+    speedups: tuple[str, ...] = ()
 
     @property
     def decode_target(self) -> tuple[int, int] | None:
@@ -208,7 +210,8 @@ def load_model_for_device(
     load_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     notes: list[str] = []
-    rewrites: list[str] = []
+    rewrites: list[str] = []  # the exact rewrites, checked again on real forwards
+    applied: list[str] = []  # and the other speed-ups
     needs_exercise = False
     try:
         if meta.format is None:
@@ -241,10 +244,12 @@ def load_model_for_device(
         elif cpu_optimize and target.type == "cpu":
             optimized, note = optimized_for_cpu(module, path.name)
             notes.append(note)
-            module, verdict = faster_of(
+            kept, verdict = faster_of(
                 module, optimized, lambda m: warm_up(m, adapter, meta, target, count=1), path.name
             )
             notes.extend([verdict] if verdict else [])
+            applied.extend(["frozen graph"] if kept is not module else [])
+            module = kept
         max_batch = warm_up_and_probe_batch(module, adapter, meta, target, micro_batch)
         # Only where every forward has the probes' shapes (a fixed input): a layout exact at one shape
         # is not known to be at another, as the convolutions oneDNN picks depend on the shapes.
@@ -258,6 +263,8 @@ def load_model_for_device(
         # Last, on the model as it will run: which images may share a forward.
         grouping = choose_grouping(module, adapter, target, micro_batch, max_batch)
         notes.append(grouping.note)
+        shared = micro_batch > 1 and grouping.rule is not Rule.ONE
+        applied.extend([f"micro-batches ({grouping.rule})"] if shared else [])
         if target.type == "cuda":
             torch.cuda.synchronize(target)
     except ModelOutputError as exc:
@@ -280,7 +287,8 @@ def load_model_for_device(
         notes.append(f"DETQ_PRECISION={precision}: this CPU has no {precision} units, so it runs emulated")
         log.warning("detq: %s, much slower than fp32", notes[-1])
     log.info(
-        "detq: loaded model %s (%s, %s, format %s from %s) on %s at %s in %.0f ms, warm-up %.0f ms; %s",
+        "detq: loaded model %s (%s, %s, format %s from %s) on %s at %s in %.0f ms, warm-up %.0f ms; %s;"
+        " speed-ups: %s",
         path.name,
         digest[:12],
         kind,
@@ -291,6 +299,7 @@ def load_model_for_device(
         load_ms,
         warmup_ms,
         grouping.note,
+        ", ".join((*rewrites, *applied)) or "none",
     )
     return LoadedModel(
         module=module,
@@ -306,6 +315,7 @@ def load_model_for_device(
         repaired_devices=tuple(repaired),
         notes=tuple(notes),
         grouping=grouping,
+        speedups=(*rewrites, *applied),
         rewrite_check=None
         if not rewrites
         else RewriteCheck(

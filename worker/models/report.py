@@ -77,6 +77,7 @@ def inspect_model(
         max_batch=loaded.max_batch,
         forwards=loaded.grouping.rule.value,
         repaired_device_constants=list(loaded.repaired_devices),
+        speedups=list(loaded.speedups),
         load_ms=round(loaded.load_ms, 1),
         warmup_ms=round(loaded.warmup_ms, 1),
         notes=list(loaded.notes),

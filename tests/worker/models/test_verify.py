@@ -91,6 +91,16 @@ def ssdlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+def test_a_load_names_the_speedups_it_applied_and_as_saved_applies_none(
+    ssdlite: Path, tmp_path: Path
+) -> None:
+    settings = Settings(_env_file=None, data_dir=tmp_path, micro_batch=4)
+    tuned = load_configured(settings, ssdlite, "cpu")
+    assert tuned.speedups == ("sampled resize", "selected detections", "micro-batches (any)")
+    plain = load_configured(settings.replace(as_saved=True), ssdlite, "cpu")
+    assert plain.speedups == () and plain.rewrite_check is None and not isinstance(plain.module, SelectedSsd)
+
+
 def _runtime(model: Path, tmp_path: Path, micro_batch: int = 4) -> WorkerRuntime:
     settings = Settings(_env_file=None, data_dir=tmp_path / "data", model=model, micro_batch=micro_batch)
     return WorkerRuntime(
