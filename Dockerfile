@@ -6,6 +6,7 @@ FROM python:3.11-slim AS slim
 RUN useradd --create-home --uid 10001 detq
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY cli ./cli
 COPY detq ./detq
 COPY db ./db
 COPY dispatch ./dispatch

@@ -26,7 +26,7 @@ install-dev: $(VENV)/.installed-dev
 # the CI machines) each detq command, worker and pool process would compile them again: about 0.2 s
 # more at every command's start. compileall writes what is missing or stale, and is quick otherwise.
 bytecode: install
-	$(PY) -m compileall -q detq db producer dispatch worker demo bench
+	$(PY) -m compileall -q cli detq db producer dispatch worker demo bench
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

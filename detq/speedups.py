@@ -142,7 +142,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
 )
 
 # Commands (`detq enqueue`, `detq status`...) collect garbage less often during their imports (gc's
-# thresholds, set first thing in detq.cli.main.main) and freeze what the imports made (DetqCommand.invoke):
+# thresholds, set first thing in cli.main.main) and freeze what the imports made (DetqCommand.invoke):
 # 45-70 ms of a 0.4-0.5 s `detq enqueue` became about 20. It runs before any setting is read and changes no
 # output, so it has no switch; it is named here so that the list is whole.
 COMMAND_GC_THRESHOLDS = (10_000, 50, 100)

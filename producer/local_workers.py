@@ -59,7 +59,7 @@ class LocalWorkers:
             DETQ_AS_SAVED=str(self.settings.as_saved).lower(),  # `detq run --as-saved`
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = python_command("-m", "detq.cli", "worker", "--pool", self.pool.value)
+        command = python_command("-m", "cli", "worker", "--pool", self.pool.value)
         if self.processes is not None:  # else the worker's own default: cores, or one per GPU
             command += ["--concurrency", str(self.processes)]
         with self.log_path.open("wb") as log_file:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo", "bench")
+PACKAGES = ("cli", "detq", "db", "dispatch", "worker", "producer", "demo", "bench")
 # Alembic revision files are data more than modules: their size follows the schema change.
 EXEMPT_PARTS = ("migrations",)
 

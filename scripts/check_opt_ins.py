@@ -55,7 +55,7 @@ def check(model: Path, photos: Path, env: dict[str, str], work: Path) -> dict[st
     environment = {k: v for k, v in os.environ.items() if not k.startswith("DETQ_")}
     environment |= {"DETQ_DATA_DIR": str(work / "data"), **env}
     done = subprocess.run(
-        [sys.executable, "-m", "detq.cli", "model", "check", str(model), str(photos), "--json"],
+        [sys.executable, "-m", "cli", "model", "check", str(model), str(photos), "--json"],
         capture_output=True,
         text=True,
         env=environment,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("detq", "db", "dispatch", "worker", "producer", "demo")
+PACKAGES = ("cli", "bench", "demo", "producer", "worker", "dispatch", "db", "detq")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -41,6 +41,9 @@ def test_the_tree_keeps_its_contracts(tmp_path: Path) -> None:
         ("producer/export.py", "import worker.batch  # noqa: F401", "producer.export -> worker.batch"),
         ("worker/batch.py", "import producer.status  # noqa: F401", "worker.batch -> producer.status"),
         ("db/models.py", "import producer.status  # noqa: F401", "db.models -> producer.status"),
+        ("detq/settings.py", "import db.models  # noqa: F401", "detq.settings -> db.models"),
+        ("demo/shapes.py", "import bench.photos  # noqa: F401", "demo.shapes -> bench.photos"),
+        ("worker/batch.py", "import cli.main  # noqa: F401", "worker.batch -> cli.main"),
     ],
 )
 def test_a_forbidden_import_breaks_lint(tmp_path: Path, module: str, line: str, broken: str) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cli.parsing import parse_command_line
 from tests.conftest import service_missing
-from tests.detq.cli.parsing import parse_command_line
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.conftest import service_missing
 
-DETQ = [sys.executable, "-m", "detq.cli"]
+DETQ = [sys.executable, "-m", "cli"]
 # detq through the test wrapper: torch forbidden with DETQ_TEST_TORCH_MARK, sleeps fit for libfaketime.
 WRAPPED_DETQ = [sys.executable, str(Path(__file__).resolve().parent / "no_torch_detq.py")]
 READY_MARK = "ready on"

@@ -43,6 +43,6 @@ if __name__ == "__main__":
         sys.meta_path.insert(0, TorchBlocker())
     if os.environ.get(FAKED_CLOCK_VARIABLE):
         time.sleep = relative_sleep
-    from detq.cli.main import main
+    from cli.main import main
 
     sys.exit(main(sys.argv[1:]))

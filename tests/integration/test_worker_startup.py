@@ -109,7 +109,7 @@ def test_producer_commands_never_import_torch(embedded: Deployment, tmp_path: Pa
     write_dataset(tmp_path / "images", 2, seed=1)
     script = (
         "import sys\n"
-        "from detq.cli.main import main\n"
+        "from cli.main import main\n"
         f"assert main(['enqueue', {str(tmp_path / 'images')!r}, '--json']) == 0\n"
         "assert main(['status', '--json']) == 0\n"
         "assert main(['export', '1', '--format', 'jsonl']) == 0\n"

@@ -190,7 +190,7 @@ def test_the_list_pages_and_filters_every_image_in_chromium(ledger: Ledger, tmp_
 def test_render_draws_each_done_image_and_report_writes_one_file(
     ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from detq.cli.main import main
+    from cli.main import main
     from detq.settings import get_settings
 
     # Given a job of five done images and one failed, in the ledger `detq` reads

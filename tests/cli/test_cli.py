@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 import pytest
 
+from cli.base import DetqCommand, DetqGroup
+from cli.main import cli, main
 from detq import __version__
-from detq.cli.base import DetqCommand, DetqGroup
-from detq.cli.main import cli, main
 from detq.settings import get_settings
 from tests.support import write_jpeg
 
@@ -324,14 +324,14 @@ def test_run_into_an_out_it_cannot_write_is_one_line_before_anything_starts(
 def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_line(
     embedded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from detq.cli.admin import flower_command
+    from cli.admin import flower_command
 
     monkeypatch.setenv("DETQ_BROKER_URL", "rediss://:hunter2@queue:6380/0")
     monkeypatch.setenv("FLOWER_BASIC_AUTH", "from:the-shell")
     argv, env = flower_command(address="127.0.0.1", port=5555, auth="ops:secret")
     assert "--address=127.0.0.1" in argv and not any("hunter2" in arg or "secret" in arg for arg in argv)
-    # The child reads the broker from detq's settings in its environment (detq.cli.flower_app)
-    assert argv[1:4] == ["-P", "-m", "detq.cli.flower_app"]
+    # The child reads the broker from detq's settings in its environment (cli.flower_app)
+    assert argv[1:4] == ["-P", "-m", "cli.flower_app"]
     assert env["DETQ_BROKER_URL"] == "rediss://:hunter2@queue:6380/0"
     assert env["FLOWER_BASIC_AUTH"] == "ops:secret"
     # Without a sign-in (--no-auth), none: not even Flower's own variable from the shell
@@ -341,7 +341,7 @@ def test_flower_listens_on_loopback_and_keeps_the_broker_url_off_the_command_lin
 def test_flowers_app_carries_a_rediss_urls_tls_settings_as_broker_use_ssl(
     embedded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from detq.cli.flower_app import flower_app
+    from cli.flower_app import flower_app
 
     # Given a rediss:// broker whose URL names a private CA
     monkeypatch.setenv("DETQ_BROKER_URL", "rediss://queue:6380/0?ssl_ca_certs=/etc/detq/ca.pem")
@@ -423,7 +423,7 @@ def test_the_command_line_loads_a_commands_module_only_when_it_runs() -> None:
     import sys
 
     code = (
-        "import sys, detq.cli.main\n"
+        "import sys, cli.main\n"
         "heavy = [m for m in ('celery', 'sqlalchemy', 'torch', 'PIL', 'rich') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -441,7 +441,7 @@ def test_enqueue_on_sqlite_imports_neither_the_postgresql_dialect_nor_rich(embed
     write_jpeg(photos / "a.jpg", (64, 48))
     code = (
         "import sys\n"
-        "from detq.cli.main import main\n"
+        "from cli.main import main\n"
         "assert main(['enqueue', sys.argv[1], '--json']) == 0\n"
         "unused = [m for m in ('sqlalchemy.dialects.postgresql', 'psycopg', 'rich') if m in sys.modules]\n"
         "assert not unused, unused\n"

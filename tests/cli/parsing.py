@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import click
 
-from detq.cli.main import cli
+from cli.main import cli
 
 
 def parse_command_line(args: Sequence[str]) -> click.Command:

@@ -13,7 +13,7 @@ runs = [0]
 gc.callbacks.append(lambda phase, info: runs.__setitem__(0, runs[0] + (phase == "start")))
 sys.argv = ["detq", "jobs", "--json"]
 try:
-    runpy.run_module("detq.cli", run_name="__main__")
+    runpy.run_module("cli", run_name="__main__")
 finally:
     print(runs[0], file=sys.stderr)
 """

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from detq.cli.base import (
+from cli.base import (
     EXIT_ERROR,
     DetqCommand,
     DetqGroup,
@@ -17,7 +17,7 @@ from detq.cli.base import (
     load_settings,
     with_inference_flags,
 )
-from detq.cli.output import print_json
+from cli.output import print_json
 from detq.contract import INFERENCE_QUEUES
 from detq.errors import DetqError
 from detq.speedups import off_by_settings

@@ -6,9 +6,9 @@ import sys
 
 from celery import Celery
 
+from cli.base import load_settings
 from detq.broker_url import tls_options
 from detq.celery_app import make_celery_app
-from detq.cli.base import load_settings
 from detq.settings import Settings
 
 

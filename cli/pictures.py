@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
+from cli.base import DetqCommand, examples, load_settings
+from cli.output import print_json
 from db.export_repo import iter_ledger
 from db.jobs_repo import get_job
 from db.ledger import ledger
-from detq.cli.base import DetqCommand, examples, load_settings
-from detq.cli.output import print_json
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.files import write_atomically

@@ -10,14 +10,7 @@ from typing import NamedTuple
 
 import click
 
-from db.clock import ledger_now
-from db.history_repo import jobs_over_roots
-from db.job_counts_repo import run_activity
-from db.jobs_repo import delete_job, get_or_create_model
-from db.ledger import Ledger, ledger
-from db.models import ModelRecord
-from detq.celery_app import make_celery_app
-from detq.cli.base import (
+from cli.base import (
     DetqCommand,
     as_saved_option,
     examples,
@@ -25,8 +18,15 @@ from detq.cli.base import (
     load_settings,
     with_inference_flags,
 )
-from detq.cli.following import follow
-from detq.cli.output import print_json
+from cli.following import follow
+from cli.output import print_json
+from db.clock import ledger_now
+from db.history_repo import jobs_over_roots
+from db.job_counts_repo import run_activity
+from db.jobs_repo import delete_job, get_or_create_model
+from db.ledger import Ledger, ledger
+from db.models import ModelRecord
+from detq.celery_app import make_celery_app
 from detq.errors import DetqError
 from detq.host import usable_cores
 from detq.inference_settings import InferenceSettings

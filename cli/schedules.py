@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
+from cli.output import print_json, table
 from db.ledger import ledger
-from detq.cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
-from detq.cli.output import print_json, table
 from detq.errors import DetqError
 from producer.scheduler.report import run_summaries
 from producer.scheduler.schedules import validate_schedules_file

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import click
 
+from cli.base import EXIT_OK, DetqGroup
 from detq import __version__
-from detq.cli.base import EXIT_OK, DetqGroup
 from detq.speedups import COMMAND_GC_THRESHOLDS
 
 EXIT_INTERRUPTED = 130
@@ -19,27 +19,27 @@ EXIT_INTERRUPTED = 130
 # Each command's module is imported only when that command runs (or `--help` lists them): a command
 # starts without the database drivers, Celery, rich or Pillow that other commands need.
 COMMANDS = {
-    "run": "detq.cli.run:run",
-    "enqueue": "detq.cli.jobs:enqueue",
-    "status": "detq.cli.jobs:status",
-    "jobs": "detq.cli.jobs:jobs",
-    "export": "detq.cli.jobs:export",
-    "requeue": "detq.cli.jobs:requeue",
-    "cancel": "detq.cli.lifecycle:cancel",
-    "delete": "detq.cli.lifecycle:delete",
-    "render": "detq.cli.pictures:render",
-    "report": "detq.cli.pictures:report",
-    "worker": "detq.cli.workers:worker",
-    "model": "detq.cli.workers:model",
-    "workers": "detq.cli.fleet:workers",
-    "info": "detq.cli.fleet:info",
-    "schedule": "detq.cli.schedules:schedule",
-    "scheduler": "detq.cli.schedules:scheduler",
-    "runs": "detq.cli.schedules:runs",
-    "db": "detq.cli.admin:db",
-    "flower": "detq.cli.admin:flower",
-    "completion": "detq.cli.admin:completion",
-    "demo": "detq.cli.demos:demo",
+    "run": "cli.run:run",
+    "enqueue": "cli.jobs:enqueue",
+    "status": "cli.jobs:status",
+    "jobs": "cli.jobs:jobs",
+    "export": "cli.jobs:export",
+    "requeue": "cli.jobs:requeue",
+    "cancel": "cli.lifecycle:cancel",
+    "delete": "cli.lifecycle:delete",
+    "render": "cli.pictures:render",
+    "report": "cli.pictures:report",
+    "worker": "cli.workers:worker",
+    "model": "cli.workers:model",
+    "workers": "cli.fleet:workers",
+    "info": "cli.fleet:info",
+    "schedule": "cli.schedules:schedule",
+    "scheduler": "cli.schedules:scheduler",
+    "runs": "cli.schedules:runs",
+    "db": "cli.admin:db",
+    "flower": "cli.admin:flower",
+    "completion": "cli.admin:completion",
+    "demo": "cli.demos:demo",
 }
 
 

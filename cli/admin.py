@@ -10,10 +10,10 @@ import subprocess
 import click
 from click.shell_completion import get_completion_class
 
+from cli.base import DetqCommand, DetqGroup, examples, load_settings
+from cli.output import print_json
 from db.ledger import ledger
 from db.migrate import current_revision, head_revision, upgrade
-from detq.cli.base import DetqCommand, DetqGroup, examples, load_settings
-from detq.cli.output import print_json
 from detq.host import python_command
 
 SHELLS = ("bash", "zsh", "fish")
@@ -107,13 +107,13 @@ GENERATED_USER = "detq"
 
 def flower_command(*, address: str, port: int, auth: str | None) -> tuple[list[str], dict[str, str]]:
     """Flower's command line and environment: the broker URL and credentials travel in the environment
-    (the child reads detq's settings from it, detq.cli.flower_app), never on the command line, where any
+    (the child reads detq's settings from it, cli.flower_app), never on the command line, where any
     local user could read them (ps). auth: Flower's basic auth (user:password pairs); None: none."""
     env = dict(os.environ)
     env.pop("FLOWER_BASIC_AUTH", None)  # Flower's own variable, from the shell, is not a sign-in detq chose
     if auth:
         env["FLOWER_BASIC_AUTH"] = auth
-    argv = python_command("-m", "detq.cli.flower_app", f"--address={address}", f"--port={port}")
+    argv = python_command("-m", "cli.flower_app", f"--address={address}", f"--port={port}")
     return argv, env
 
 

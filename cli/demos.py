@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from detq.cli.base import DetqCommand, examples, load_settings
+from cli.base import DetqCommand, examples, load_settings
 
 
 @click.command(

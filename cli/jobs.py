@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
+from cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
+from cli.following import follow, no_worker_hint
+from cli.output import print_json, table
 from db.clock import ledger_now
 from db.job_counts_repo import job_counts
 from db.jobs_repo import latest_job_id, list_jobs
 from db.ledger import ledger
 from detq.celery_app import make_celery_app
-from detq.cli.base import DetqCommand, examples, inference_options, load_settings, with_inference_flags
-from detq.cli.following import follow, no_worker_hint
-from detq.cli.output import print_json, table
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.display import visible
 from detq.inference_settings import InferenceSettings

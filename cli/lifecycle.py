@@ -6,11 +6,11 @@ import sys
 
 import click
 
+from cli.base import DetqCommand, examples, load_settings
+from cli.output import print_json
 from db.clock import ledger_now
 from db.jobs_repo import cancel_job, delete_job, get_job
 from db.ledger import ledger
-from detq.cli.base import DetqCommand, examples, load_settings
-from detq.cli.output import print_json
 from detq.errors import DetqError
 from producer.status import JobNotFound
 

@@ -12,12 +12,12 @@ from typing import Any
 import click
 from kombu.utils.url import maybe_sanitize_url
 
+from cli.base import DetqCommand, examples, load_settings
+from cli.output import print_json, table
 from db.clock import ledger_now
 from db.ledger import ledger
 from db.migrate import current_revision, head_revision
 from detq import __version__
-from detq.cli.base import DetqCommand, examples, load_settings
-from detq.cli.output import print_json, table
 from detq.errors import DetqError
 from detq.settings import Settings
 from producer.fleet import WorkerView, fleet

@@ -51,7 +51,7 @@ def test_an_export_nobody_reads_on_holds_no_worker_write_back(tmp_path: Path) ->
     env.update(DETQ_DATA_DIR=str(data), PYTHONPATH=str(ROOT))
     # When it is exported into a pipe that is read one line, then not at all for a while (a pager)
     export = subprocess.Popen(
-        [sys.executable, "-m", "detq.cli", "export", str(job_id), "--format", "jsonl"],
+        [sys.executable, "-m", "cli", "export", str(job_id), "--format", "jsonl"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         bufsize=0,  # unbuffered: the line read here is all that is taken from the pipe before the end
