@@ -18,11 +18,17 @@ from PIL import Image
 from detq.settings import get_settings
 from worker.allocator import keep_large_buffers
 from worker.decode import Geometry, decode_image
-from worker.inference import forward_batches, forward_images, pixel_budget, run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.formats import ModelInput
 from worker.models.loading import LoadedModel, load_model_for_device
-from worker.rows import decoded_rows, to_detection_rows
+from worker.pipeline import (
+    decoded_rows,
+    forward_batches,
+    forward_images,
+    pixel_budget,
+    run_model,
+    to_detection_rows,
+)
 
 MAX_PIX, MAX_BYTES = 10**9, 10**10  # no policy limit on the benchmark photos
 
@@ -53,7 +59,7 @@ def naive_loop(model_path: Path, photos: Sequence[Path]) -> float:
 
 def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, fast: bool) -> None:
     """As a pool process: each photo decoded and shrunk to the model's input, in forwards as the worker
-    gathers them (worker.inference.forward_batches)."""
+    gathers them (worker.pipeline.forward_batches)."""
     target = model.decode_target if fast else None
     jpeg = exact_jpeg_decoder()
     cpu_pixels = get_settings().cpu_forward_pixels
@@ -62,7 +68,7 @@ def _detect_share(model: LoadedModel, photos: Sequence[Path], micro_batch: int, 
         for photo in photos:
             dec = decode_image(photo, target_size=target, max_pixels=MAX_PIX, max_bytes=MAX_BYTES, jpeg=jpeg)
             yield dec.geometry(), model.adapter.shrink(dec.image)
-            del dec  # its full-size pixels go before the next photo's decode, as in worker.detect
+            del dec  # its full-size pixels go before the next photo's decode, as in worker.pipeline
 
     budget = pixel_budget(model, cpu_pixels)
     for batch in forward_batches(shrunk(), itemgetter(1), micro_batch, budget, model.grouping.key):

@@ -34,7 +34,7 @@ class _Detector:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         from PIL import Image
 
-        from worker.inference import forward_images
+        from worker.pipeline import forward_images
 
         images = [Image.fromarray(pixels) for pixels in batch["image"]]
         found = forward_images(self.model, images)

@@ -28,7 +28,6 @@ from detq.inference_settings import InferenceSettings
 from detq.settings import Settings
 from detq.vocabulary import Precision
 from worker.decode import Geometry, decode_image
-from worker.inference import run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.agreement import MIN_IOU, SCORE_TOLERANCE, Agreement, agreement
 from worker.models.formats import TorchvisionAdapter, to_source_pixels
@@ -36,7 +35,7 @@ from worker.models.loading import LoadedModel, load_as_saved
 from worker.models.metadata import MetaOverrides
 from worker.models.outputs import RawDetections, parse_torchvision_output
 from worker.models.tensors import to_tensor
-from worker.rows import decoded_rows
+from worker.pipeline import decoded_rows, run_model
 from worker.runtime import answering, load_configured
 
 DEFAULT_SAMPLE = 16

@@ -1,4 +1,4 @@
-"""The Celery batch task: a thin shell over worker.task_body, its process's runtime on its base class."""
+"""The Celery batch task: a thin shell over worker.batch, its process's runtime on its base class."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from celery import Celery, Task
 
 from detq.contract import TASK_PROCESS_BATCH, batch_id_of, is_backup, parse_batch_args
 from dispatch.send import send_batch
+from worker.batch import run_batch
 from worker.runtime import WorkerRuntime
-from worker.task_body import run_batch
 
 
 class BatchTask(Task):  # type: ignore[type-arg]

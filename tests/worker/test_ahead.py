@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from worker.ahead import map_ahead
+from worker.pipeline import map_ahead
 
 
 class CountingPool(ThreadPoolExecutor):

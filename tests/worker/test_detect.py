@@ -16,11 +16,11 @@ from db.images_repo import PendingImage
 from detq.vocabulary import ImageStatus
 from tests.support import CountsForwards, save_yolov8_like, write_jpeg
 from worker.decode import DecodedImage
-from worker.detect import Ready, detect_images, prepare_image, ready
 from worker.models.formats import FormatAdapter, ModelInput
 from worker.models.loading import load_model_for_device
 from worker.models.outputs import RawDetections
 from worker.models.tensors import Pixels, size_of
+from worker.pipeline import Ready, detect_images, prepare_image, ready
 from worker.runtime import WorkerRuntime
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from tests.support import CountsForwards, save_fixed_box_model
-from worker.inference import forward_batches, pixel_budget, run_model
 from worker.models.formats import ModelInput
 from worker.models.letterbox import IDENTITY
 from worker.models.loading import LoadedModel, load_model_for_device
+from worker.pipeline import forward_batches, pixel_budget, run_model
 
 
 def _input(width: int, height: int) -> ModelInput:

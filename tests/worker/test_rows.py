@@ -7,7 +7,7 @@ import torch
 
 from worker.models.metadata import ModelMeta
 from worker.models.outputs import RawDetections
-from worker.rows import to_detection_rows
+from worker.pipeline import to_detection_rows
 
 
 def test_rows_are_scaled_clamped_thresholded_and_sorted() -> None:

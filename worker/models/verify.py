@@ -16,7 +16,7 @@ detections are compared bit for bit:
   MAX_CHECKED_FORWARDS real forwards never exercise would give no speed: every image then goes through the
   model's own postprocess (decline), the other rewrites verified.
 
-The running of forwards stays with the caller (worker.detect): this holds the verdict and the model as
+The running of forwards stays with the caller (worker.pipeline): this holds the verdict and the model as
 saved, one per loaded model and process.
 """
 

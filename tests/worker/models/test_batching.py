@@ -15,13 +15,13 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from bench.photos import write_photo
 from tests.support import save_scripted, save_torchvision_detector, save_yolov8_like
 from worker.decode import decode_image
-from worker.inference import run_model
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.agreement import agreement
 from worker.models.batching import Padding, Rule, padding_of
 from worker.models.loading import load_model_for_device
 from worker.models.outputs import RawDetections, parse_torchvision_output
 from worker.models.tensors import to_tensor
+from worker.pipeline import run_model
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

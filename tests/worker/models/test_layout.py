@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 
 from tests.support import save_torchvision_detector
-from worker.inference import run_model
 from worker.models.layout import MAX_LOSS, channels_last_where_exact, conv_weights
 from worker.models.loading import load_model_for_device
 from worker.models.outputs import same_outputs
+from worker.pipeline import run_model
 
 
 class _Convs(torch.nn.Module):

@@ -15,11 +15,11 @@ from demo.shapes import random_image_size, render_scene
 from detq.settings import BUNDLED_MODEL
 from detq.vocabulary import Precision
 from tests.support import save_scripted, ultralytics_config
-from worker.inference import forward_images
 from worker.models.loading import ModelLoadError, load_model_for_device
 from worker.models.outputs import RawDetections
 from worker.models.precision import ReducedPrecision, cast_floats, cpu_runs_it_natively
 from worker.models.report import inspect_model
+from worker.pipeline import forward_images
 
 
 def test_only_floating_tensors_are_cast_however_deeply_they_sit() -> None:

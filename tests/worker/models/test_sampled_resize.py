@@ -15,7 +15,6 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
 from tests.support import save_torchvision_detector
 from tests.worker.models.photo_support import unprobed_photos
-from worker.inference import input_pixels, run_model
 from worker.models.loading import load_model_for_device
 from worker.models.sampled_resize import (
     NEUTRAL_MEAN,
@@ -26,6 +25,7 @@ from worker.models.sampled_resize import (
     take_over,
 )
 from worker.models.tensors import to_tensor
+from worker.pipeline import input_pixels, run_model
 
 IMAGENET = SampledResize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), height=320, width=320)
 

@@ -12,12 +12,12 @@ from PIL import Image
 
 from tests.support import save_fixed_box_model, save_torchvision_detector
 from tests.worker.models.photo_support import unprobed_photos
-from worker.inference import run_model
 from worker.models import ssd_select
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.models.optimize import optimized_for_cpu
 from worker.models.outputs import same_outputs
 from worker.models.ssd_postprocess import SelectedSsd, select_detections, selection_of
+from worker.pipeline import run_model
 
 
 @pytest.fixture(scope="module")

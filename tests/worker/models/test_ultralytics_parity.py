@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from worker.decode import decode_image
-from worker.inference import forward_images
 from worker.jpeg import exact_jpeg_decoder
 from worker.models.loading import LoadedModel, load_model_for_device
-from worker.rows import decoded_rows
+from worker.pipeline import decoded_rows, forward_images
 
 REFERENCE = Path(__file__).with_name("ultralytics_reference.py")
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,11 +15,11 @@ from db.ledger import open_ledger
 from detq.settings import Settings
 from detq.vocabulary import ImageStatus
 from tests.support import save_torchvision_detector
-from worker.detect import detect_images
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.models.outputs import RawDetections
 from worker.models.ssd_postprocess import SelectedSsd
 from worker.models.verify import MAX_CHECKED_FORWARDS, RewriteCheck
+from worker.pipeline import detect_images
 from worker.runtime import WorkerRuntime, load_configured
 
 

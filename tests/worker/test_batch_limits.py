@@ -18,18 +18,26 @@ from sqlalchemy import select
 from sqlalchemy.exc import ProgrammingError
 
 from db.batches_repo import open_batches
+from db.claims_repo import Claimable
 from db.models import Batch, Detection
 from detq.contract import BatchMessage
 from detq.inference_settings import InferenceSettings
 from detq.vocabulary import ImageStatus
 from tests.support import write_jpeg
 from tests.worker.conftest import Staged, ledger_rows, swap_default_model
-from worker.batch import SOFT_LIMIT_REASON, BatchReport, process_batch
+from worker.batch import (
+    ALONE_REASON,
+    SOFT_LIMIT_REASON,
+    BatchReport,
+    SentAgain,
+    fail_pending,
+    process_batch,
+    run_batch,
+    split_unfinished,
+)
 from worker.metrics import ProcessMetrics
 from worker.models.loading import LoadedModel
 from worker.runtime import WorkerRuntime
-from worker.task_body import fail_pending, run_batch
-from worker.time_limit import ALONE_REASON
 
 Stage = Callable[..., Staged]
 
@@ -255,3 +263,26 @@ def test_a_message_naming_another_jobs_images_writes_nothing(
     assert report.written == 0
     assert [row.status for row in ledger_rows(runtime, second.job_id).values()] == [ImageStatus.PENDING]
     assert "are not images of this job; ignored" in caplog.text
+
+
+# How a batch stopped at its soft time limit splits what it did not finish.
+
+
+def _free(*ids: int) -> list[Claimable]:
+    return [Claimable(i, 1, f"/d/{i}.jpg", 0, 0, 7, None) for i in ids]
+
+
+def test_each_image_in_flight_goes_alone_and_the_others_together() -> None:
+    split = split_unfinished(_free(3, 4, 5, 6), in_flight={4, 6, 99})
+    assert split == SentAgain(alone=[4, 6], together=[3, 5])
+    assert split.groups == [[4], [6], [3, 5]]
+
+
+def test_nothing_is_split_when_no_unfinished_image_was_in_flight() -> None:
+    # Nothing says which image held the batch up, and the batch sent again whole might never shrink
+    assert split_unfinished(_free(3, 4), in_flight=set()).groups == []
+    assert split_unfinished(_free(3, 4), in_flight={9}).groups == []
+
+
+def test_an_image_in_flight_with_no_others_left_goes_alone() -> None:
+    assert split_unfinished(_free(8), in_flight={8}).groups == [[8]]
