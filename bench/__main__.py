@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from bench import deployments, enqueue, loops, mixed, ray_data, report, writes
+from bench import deployments, enqueue, loops, mixed, ray_data, tables, writes
 from bench.photos import write_photos
 from tests.support import save_fixed_box_model, save_torchvision_detector
 
@@ -72,8 +72,8 @@ def runners(model: Path, photos: list[Path], folder: Path, work: Path, ray: bool
         return lambda: deployments.detq_redis_postgres(model, folder, work, cores, env, warm)
 
     found: dict[str, Runner] = {
-        report.NAIVE: lambda: loops.naive_loop(model, photos),
-        report.CEILING: lambda: loops.ceiling(model, photos),
+        tables.NAIVE: lambda: loops.naive_loop(model, photos),
+        tables.CEILING: lambda: loops.ceiling(model, photos),
         "detq embedded": lambda: deployments.detq_embedded(model, folder, work, cores, extra, warm),
         "detq Redis + PostgreSQL": scaled_out({}),
         # The two opt-ins that change numbers (docs/models.md#exact-preprocessing): what each buys, and both.
@@ -83,7 +83,7 @@ def runners(model: Path, photos: list[Path], folder: Path, work: Path, ray: bool
         "detq Redis + PostgreSQL, model as saved": scaled_out(AS_SAVED),
     }
     if ray:
-        found[report.RAY] = lambda: ray_data.ray_data(model, photos)
+        found[tables.RAY] = lambda: ray_data.ray_data(model, photos)
     return found
 
 
@@ -156,14 +156,14 @@ def main() -> int:
         def save() -> dict[str, Any]:  # after every step: a late failure keeps what was measured
             summary = {
                 "command": " ".join(["python -m bench", *sys.argv[1:]]),
-                "machine": report.machine(),
+                "machine": tables.machine(),
                 "seconds": round(time.time() - started),
                 "images_per_s": _rounded(results),
-                report.START_UPS: _rounded(start_ups, 3),
-                report.AFTER_CLAIM: _rounded(after_claim),
+                tables.START_UPS: _rounded(start_ups, 3),
+                tables.AFTER_CLAIM: _rounded(after_claim),
                 **extras,
             }
-            report.write(args.out, summary)
+            tables.write(args.out, summary)
             return summary
 
         for round_ in range(args.repeat):  # interleaved: a drift in machine load hits every runner alike
@@ -182,11 +182,11 @@ def main() -> int:
             save()
         skip = {part.strip() for part in args.skip.split(",")}
         if "mixed" not in skip and "ssdlite" in models and "1280x960" in folders:
-            extras[report.MIXED] = mixed_bench(models["ssdlite"], folders["1280x960"], work, args.repeat)
+            extras[tables.MIXED] = mixed_bench(models["ssdlite"], folders["1280x960"], work, args.repeat)
             save()
         if "overhead" not in skip:
             extras.update(framework_overhead(work, args.repeat))
-            ceiling = results.get("ssdlite 1280x960", {}).get(report.CEILING)
+            ceiling = results.get("ssdlite 1280x960", {}).get(tables.CEILING)
             if ceiling:  # an SSDlite batch of 8 on one process, at the ceiling's best rate
                 batch_ms = 1000 * 8 * len(os.sched_getaffinity(0)) / max(ceiling)
                 extras["framework_share_of_ssdlite_batch"] = {
@@ -202,10 +202,10 @@ def main() -> int:
         if args.enqueue_files:
             extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
         summary = save()
-    print(report.table(summary["images_per_s"]))
-    print(report.start_up_table(summary))
-    print(report.mixed_table(summary))
-    shown = ("images_per_s", report.START_UPS, report.AFTER_CLAIM, report.MIXED)
+    print(tables.table(summary["images_per_s"]))
+    print(tables.start_up_table(summary))
+    print(tables.mixed_table(summary))
+    shown = ("images_per_s", tables.START_UPS, tables.AFTER_CLAIM, tables.MIXED)
     print({k: v for k, v in summary.items() if k not in shown})
     return 0
 

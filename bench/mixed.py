@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.deployments import redis_postgres
-from bench.report import FAST_ALONE
+from bench.tables import FAST_ALONE
 from tests.integration.faults import pool_pids
 from tests.integration.harness import running_worker
 from tests.integration.throttle import Throttle

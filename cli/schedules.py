@@ -11,9 +11,9 @@ from cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
 from cli.output import print_json, table
 from db.ledger import ledger
 from detq.errors import DetqError
-from producer.scheduler.report import run_summaries
 from producer.scheduler.schedules import validate_schedules_file
 from producer.scheduler.sources import configured_schedules, describe_schedules
+from producer.scheduler.summaries import run_summaries
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
@@ -76,7 +76,7 @@ def scheduler(loglevel: str | None) -> None:
 
     One process, no torch; with several schedulers one is active and the others wait as standbys.
     """
-    from producer.scheduler.service import run_scheduler
+    from producer.scheduler.daemon import run_scheduler
 
     settings = load_settings()
     schedules = configured_schedules(settings)

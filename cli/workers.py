@@ -178,8 +178,8 @@ def inspect(
     this machine's workers would load it, with the speed-ups that applied and those turned off.
     """
     _require_torch("detq model inspect")
+    from worker.models.inspect import format_report, inspect_model
     from worker.models.metadata import MetaOverrides, parse_input_size
-    from worker.models.report import format_report, inspect_model
 
     overrides = MetaOverrides(
         format=ModelFormat(fmt) if fmt else None, input_size=parse_input_size(input_size)
@@ -231,7 +231,7 @@ def pack(path: Path, meta: Path, output: Path, as_json: bool) -> None:
     The JSON file is validated, then stored in the copy as detq.json.
     """
     _require_torch("detq model pack")
-    from worker.models.report import pack_model
+    from worker.models.inspect import pack_model
 
     packed = pack_model(path, meta, output)
     if as_json:

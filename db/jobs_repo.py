@@ -159,7 +159,7 @@ _ANY_PENDING = (
     .where(_IMAGES.c.job_id == bindparam("job_id"), _IMAGES.c.status == ImageStatus.PENDING.value)
     .limit(1)
 )
-_JOB_MODEL = (
+_JOB_SPEC = (
     select(_JOBS.c.roots, _JOBS.c.model_id, _MODELS.c.sha256, _MODELS.c.path, _JOBS.c.pool, _JOBS.c.settings)
     .join(_MODELS, _MODELS.c.id == _JOBS.c.model_id)
     .where(_JOBS.c.id == bindparam("job_id"))
@@ -205,7 +205,7 @@ def close_job_if_complete(session: Session, job_id: int, now: datetime, *, start
 
 
 @dataclass(frozen=True)
-class JobModel:
+class JobSpec:
     """What a worker needs of a job: the folders it may read, the model to run and its settings."""
 
     roots: list[str]
@@ -216,13 +216,13 @@ class JobModel:
     settings: InferenceSettings | None = None  # None: a job made before jobs had settings (migration 0008)
 
 
-def job_model(session: Session, job_id: int) -> JobModel | None:
+def job_spec(session: Session, job_id: int) -> JobSpec | None:
     """The job's roots, model, pool and settings, in one statement; None if there is no such job."""
-    row = session.execute(_JOB_MODEL, {"job_id": job_id}).one_or_none()
+    row = session.execute(_JOB_SPEC, {"job_id": job_id}).one_or_none()
     if row is None:
         return None
     settings = InferenceSettings.from_json(row.settings) if row.settings is not None else None
-    return JobModel(list(row.roots), row.model_id, row.sha256, row.path, row.pool, settings)
+    return JobSpec(list(row.roots), row.model_id, row.sha256, row.path, row.pool, settings)
 
 
 def get_job(session: Session, job_id: int) -> Job | None:

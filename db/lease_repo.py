@@ -8,7 +8,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
-from db.models import SchedulerLease
+from db.models import Lease
 from db.upsert import insert_ignoring_conflicts
 
 
@@ -22,22 +22,22 @@ def acquire_lease(session: Session, name: str, owner: str, now: datetime, ttl: t
     session.execute(
         insert_ignoring_conflicts(
             session,
-            SchedulerLease,
+            Lease,
             {"name": name, "owner": owner, "acquired_at": now, "expires_at": now + ttl},
             ["name"],
         )
     )
-    current = session.scalar(select(SchedulerLease.owner).where(SchedulerLease.name == name))
+    current = session.scalar(select(Lease.owner).where(Lease.name == name))
     values: dict[str, Any] = {"owner": owner, "expires_at": now + ttl}
     if current != owner:
         values["acquired_at"] = now
     outcome = cast(
         "CursorResult[Any]",
         session.execute(
-            update(SchedulerLease)
+            update(Lease)
             .where(
-                SchedulerLease.name == name,
-                or_(SchedulerLease.owner == owner, SchedulerLease.expires_at <= now),
+                Lease.name == name,
+                or_(Lease.owner == owner, Lease.expires_at <= now),
             )
             .values(values)
         ),
@@ -49,10 +49,6 @@ def release_lease(session: Session, name: str, owner: str, now: datetime) -> boo
     """Let the lease expire now if owner holds it, so a standby takes over at its next poll."""
     outcome = cast(
         "CursorResult[Any]",
-        session.execute(
-            update(SchedulerLease)
-            .where(SchedulerLease.name == name, SchedulerLease.owner == owner)
-            .values(expires_at=now)
-        ),
+        session.execute(update(Lease).where(Lease.name == name, Lease.owner == owner).values(expires_at=now)),
     )
     return outcome.rowcount == 1

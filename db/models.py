@@ -212,7 +212,7 @@ class ScheduleState(Base):
     last_scheduled_for: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-class SchedulerLease(Base):
+class Lease(Base):
     """The lock that makes one `detq scheduler` active: held by owner until expires_at unless renewed."""
 
     __tablename__ = "scheduler_leases"

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.export_repo import iter_ledger
 from db.ledger import ledger
-from demo.metrics import PredictedBox, precision_recall
+from demo.scoring import PredictedBox, precision_recall
 from demo.shapes import CLASSES, GroundTruthBox, load_ground_truth, write_dataset
 from detq.celery_app import make_celery_app
 from detq.host import usable_cores

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from demo.metrics import PredictedBox, mean_average_precision, precision_recall  # noqa: E402
+from demo.scoring import PredictedBox, mean_average_precision, precision_recall  # noqa: E402
 from demo.shapes import CLASSES, GroundTruthBox, random_image_size, render_scene  # noqa: E402
 
 INPUT_SIZE = 256  # internal resolution (square; inputs are stretched to it)

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from db.batches_repo import mark_sent, regroup
 from db.claims_repo import Claimable, ClaimView, claim, claimable_images, release
 from db.images_repo import ImageResult, PendingImage, finalise_results
-from db.jobs_repo import JobModel, job_model, mark_started
+from db.jobs_repo import JobSpec, job_spec, mark_started
 from db.retry import in_transaction, unavailable_reason
 from detq.contract import BatchMessage
 from detq.vocabulary import ImageStatus
@@ -136,7 +136,7 @@ class Batch:
         self.backup = backup
         self.send = send
         self.report = BatchReport()
-        self.job: JobModel | None = None  # read at the claim
+        self.job: JobSpec | None = None  # read at the claim
         self.claimed: list[int] = []  # the images this delivery claimed (attempts counted)
         self.unwritten: list[ImageResult] = []  # results not yet committed: written again at the time limit
         self.progress = Progress()  # the detection under way: what finished, what it is on
@@ -414,8 +414,8 @@ def split_unfinished(free: Sequence[Claimable], in_flight: Collection[int]) -> S
 # -- the ledger's side, shared by the steps above ------------------------------------------------------
 
 
-def _read_job(session: Session, job_id: int) -> JobModel:
-    job = job_model(session, job_id)
+def _read_job(session: Session, job_id: int) -> JobSpec:
+    job = job_spec(session, job_id)
     if job is None:
         raise JobMissing(f"job {job_id} does not exist")
     return job
@@ -463,7 +463,7 @@ def fail_pending(runtime: WorkerRuntime, job_id: int, image_ids: Sequence[int], 
     """Last resort when a batch cannot finish: its pending images no live process is on fail with reason."""
     view = in_transaction(runtime.ledger.sessions, lambda s: claim_view(s, runtime, job_id, image_ids))
     results = [ImageResult(image_id=i.id, status=ImageStatus.FAILED, reason=reason) for i in view.free]
-    job = in_transaction(runtime.ledger.sessions, lambda s: job_model(s, job_id))
+    job = in_transaction(runtime.ledger.sessions, lambda s: job_spec(s, job_id))
     if job is None:
         return 0
     return len(write_results(runtime, job_id, job.model_id, results))

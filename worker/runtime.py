@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from db.clock import LedgerClock
-from db.jobs_repo import JobModel
+from db.jobs_repo import JobSpec
 from db.ledger import Ledger
 from detq.inference_settings import InferenceSettings
 from detq.settings import Settings
@@ -40,7 +40,7 @@ class WorkerRuntime:
     # By sha256 and the settings a load fixes (load_key): the default model's first.
     models: OrderedDict[tuple[object, ...], LoadedModel] = field(default_factory=OrderedDict)
     # What batches need of their jobs (roots, model, pool), read once: a job's are never changed.
-    jobs: OrderedDict[int, JobModel] = field(default_factory=OrderedDict)
+    jobs: OrderedDict[int, JobSpec] = field(default_factory=OrderedDict)
     # Jobs whose started_at this process has set, or seen set by its claim (at most MAX_CACHED_JOBS).
     started_jobs: set[int] = field(default_factory=set)
     model_loads: int = 1
@@ -113,7 +113,7 @@ class WorkerRuntime:
             del self.models[oldest]
         return loaded
 
-    def remember_job(self, job_id: int, job: JobModel | None) -> None:
+    def remember_job(self, job_id: int, job: JobSpec | None) -> None:
         """Keep a job's model and roots for its next batches (None: forget it, the job is gone)."""
         if job is None:
             self.jobs.pop(job_id, None)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import finalise_results
-from db.jobs_repo import JobModel, create_job, delete_job, job_model, mark_started
+from db.jobs_repo import JobSpec, create_job, delete_job, job_spec, mark_started
 from db.models import Batch, Detection, Image, Job, as_utc, utcnow
 from detq.inference_settings import DEFAULTS, InferenceSettings
 from tests.ledger_support import done_results, pending_job, waits_for
@@ -67,8 +67,8 @@ def test_a_delete_while_a_worker_writes_results_leaves_no_detections(factory: Fa
 def test_job_model_reads_the_roots_the_model_the_pool_and_the_settings_of_a_job(factory: Factory) -> None:
     job_id, model_id, _ = pending_job(factory, 1, "m")
     with factory() as session:
-        assert job_model(session, job_id) == JobModel(["/d"], model_id, "c" * 64, "/m.pt", "cpu", DEFAULTS)
-        assert job_model(session, job_id + 1000) is None
+        assert job_spec(session, job_id) == JobSpec(["/d"], model_id, "c" * 64, "/m.pt", "cpu", DEFAULTS)
+        assert job_spec(session, job_id + 1000) is None
     # And a job's own settings come back as it recorded them; a job of before 0008 has none
     asked = InferenceSettings(score_threshold=0.6, classes=("dog", "3"), input_size=(480, 640))
     with factory() as session, session.begin():
@@ -76,8 +76,8 @@ def test_job_model_reads_the_roots_the_model_the_pool_and_the_settings_of_a_job(
         older = create_job(session, model_id=model_id, roots=["/e"], pool="gpu", batch_size=4)
         older.settings = None
     with factory() as session:
-        assert job_model(session, other.id) == JobModel(["/e"], model_id, "c" * 64, "/m.pt", "gpu", asked)
-        found = job_model(session, older.id)
+        assert job_spec(session, other.id) == JobSpec(["/e"], model_id, "c" * 64, "/m.pt", "gpu", asked)
+        found = job_spec(session, older.id)
         assert found is not None and found.settings is None
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.jobs_repo import create_job, get_or_create_model
 from db.lease_repo import acquire_lease, release_lease
-from db.models import SchedulerLease
+from db.models import Lease
 from db.schedules_repo import RunKey, claim_run, find_run, list_runs, schedule_states
 
 TICK = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
@@ -87,7 +87,7 @@ def test_lease_has_one_owner_until_it_expires(factory: sessionmaker[Session]) ->
     assert _acquire(factory, "b", TICK + timedelta(seconds=15))  # a stopped renewing: b takes over
     assert not _acquire(factory, "a", TICK + timedelta(seconds=16))
     with factory() as session, session.begin():
-        holder = session.scalar(select(SchedulerLease.owner).where(SchedulerLease.name == "scheduler"))
+        holder = session.scalar(select(Lease.owner).where(Lease.name == "scheduler"))
         assert holder == "b"
         assert not release_lease(session, "scheduler", "a", TICK + timedelta(seconds=17))
         assert release_lease(session, "scheduler", "b", TICK + timedelta(seconds=17))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from demo.metrics import PredictedBox, precision_recall
+from demo.scoring import PredictedBox, precision_recall
 from demo.shapes import CLASSES, render_scene
 from tests.support import load_script
 

@@ -148,5 +148,5 @@ def test_sizes_and_aspect_ratios_vary(tmp_path: Path) -> None:
 
 
 def test_producer_modules_do_not_import_torch() -> None:
-    code = "import sys, demo.shapes, demo.metrics; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, demo.shapes, demo.scoring; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from db.engine import make_engine, make_session_factory
-from db.models import Batch, Image, Job, SchedulerLease, WorkerRecord, as_utc
+from db.models import Batch, Image, Job, Lease, WorkerRecord, as_utc
 from demo.shapes import write_dataset
 from detq.settings import BUNDLED_MODEL
 from dispatch.leadership import Leadership
@@ -103,7 +103,7 @@ def test_a_lease_taken_by_a_machine_a_minute_behind_is_not_taken_over_early(
     try:
         sessions = make_session_factory(engine)
         with sessions() as session:
-            expires = as_utc(session.scalars(select(SchedulerLease.expires_at)).one())
+            expires = as_utc(session.scalars(select(Lease.expires_at)).one())
         # Then it holds the lease for 20 s by the server's clock, not until 40 s ago
         assert 10 < (expires - _server_now(postgres_url)).total_seconds() <= 20
         # And a standby on a right clock cannot take it over meanwhile

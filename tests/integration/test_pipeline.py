@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from demo.metrics import PredictedBox, precision_recall
+from demo.scoring import PredictedBox, precision_recall
 from demo.shapes import load_ground_truth, write_dataset
 from detq.celery_app import make_celery_app
 from detq.contract import TASK_PROCESS_BATCH

@@ -17,7 +17,7 @@ import pytest
 from db.engine import make_engine, make_session_factory
 from db.export_repo import iter_ledger
 from demo.shapes import write_dataset
-from producer.scheduler.report import RunSummary, run_summaries
+from producer.scheduler.summaries import RunSummary, run_summaries
 from tests.integration.harness import (
     WRAPPED_DETQ,
     Deployment,

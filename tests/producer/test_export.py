@@ -81,10 +81,10 @@ def test_the_streamed_coco_dataset_is_the_document_json_dump_writes(factory: ses
             done = [(i, d) for i, d in iter_ledger(session, job_id) if i.status == ImageStatus.DONE]
             found = get_job(session, job_id)
             assert found is not None
-            job_model = found.model
-            info = {"description": f"detq job {job_id}", "model_sha256": job_model.sha256}
+            job_spec = found.model
+            info = {"description": f"detq job {job_id}", "model_sha256": job_spec.sha256}
             info["settings"] = found.settings  # what its results are made with
-            document = coco_dataset(done, class_names(session, job_model, [job_id]), info)
+            document = coco_dataset(done, class_names(session, job_spec, [job_id]), info)
         # When it is exported, Then the text is json.dump's, byte for byte, with annotations numbered 1..n
         count, text = _export(factory, job_id, ExportFormat.COCO_DATASET)
         assert text == json.dumps(document, ensure_ascii=False) + "\n"

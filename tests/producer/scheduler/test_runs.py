@@ -15,9 +15,9 @@ from detq.settings import Settings
 from detq.vocabulary import JobState
 from producer.enqueue import EnqueueError
 from producer.scheduler.cron import CronSpec
-from producer.scheduler.report import run_summaries
 from producer.scheduler.runs import RunDefaults, run_schedule
 from producer.scheduler.schedules import Schedule
+from producer.scheduler.summaries import run_summaries
 
 MODEL = Path(__file__).resolve().parents[3] / "worker" / "assets" / "demo_detector.pt"
 

@@ -21,9 +21,9 @@ from tests.support import (
     save_yolov5_like,
     save_yolov8_like,
 )
+from worker.models.inspect import inspect_model, pack_model
 from worker.models.loading import ModelLoadError, load_model_for_device
 from worker.models.metadata import MetaOverrides
-from worker.models.report import inspect_model, pack_model
 from worker.pipeline import forward_images
 
 SIZES = [(640, 480), (480, 640), (1000, 300), (200, 200)]

@@ -10,9 +10,9 @@ import torch
 
 from detq.settings import BUNDLED_MODEL
 from tests.support import save_exported_boxes, ultralytics_config
+from worker.models.inspect import inspect_model
 from worker.models.loading import load_model_for_device
 from worker.models.optimize import TIMED_CALLS, WARM_CALLS, faster_of, optimized_for_cpu
-from worker.models.report import inspect_model
 
 
 class _TinyYolo(torch.nn.Module):

@@ -15,10 +15,10 @@ from demo.shapes import random_image_size, render_scene
 from detq.settings import BUNDLED_MODEL
 from detq.vocabulary import Precision
 from tests.support import save_scripted, ultralytics_config
+from worker.models.inspect import inspect_model
 from worker.models.loading import ModelLoadError, load_model_for_device
 from worker.models.outputs import RawDetections
 from worker.models.precision import ReducedPrecision, cast_floats, cpu_runs_it_natively
-from worker.models.report import inspect_model
 from worker.pipeline import forward_images
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from demo.metrics import (
+from demo.scoring import (
     PredictedBox,
     average_precision,
     box_iou,

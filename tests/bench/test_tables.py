@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import (
+from bench.tables import (
     AFTER_CLAIM,
     CEILING,
     FAST_ALONE,
