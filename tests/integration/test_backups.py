@@ -44,7 +44,7 @@ def test_an_idle_worker_races_a_throttled_one_and_the_job_ends_before_the_slow_b
             job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "4")["job_id"]
             started = time.monotonic()
             wait_until(
-                lambda: deployment.run_json("status", str(job_id))["state"] == "finished",
+                lambda: deployment.job_status(job_id)["state"] == "finished",
                 120,
                 "job finished",
                 interval=0.3,

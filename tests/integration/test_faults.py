@@ -43,7 +43,7 @@ def _quick_and_heavy(
 
 
 def _status(deployment: Deployment, job_id: int) -> dict[str, object]:
-    return dict(deployment.run_json("status", str(job_id)))
+    return deployment.job_status(job_id)
 
 
 def _finished(deployment: Deployment, job_id: int) -> bool:

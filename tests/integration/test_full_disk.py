@@ -70,9 +70,7 @@ def test_a_full_disk_fails_no_image_and_the_job_completes_once_space_returns(
     before = digests(images)
     with running_worker(deployment, concurrency=2) as worker:
         job = deployment.run_json("enqueue", str(tmp_path / "in"))["job_id"]
-        wait_until(
-            lambda: deployment.run_json("status", str(job))["done"] >= 16, 120, "a first few images done"
-        )
+        wait_until(lambda: deployment.job_status(job)["done"] >= 16, 120, "a first few images done")
         # When the disk fills up mid-run, for longer than the workers' timeout
         filler = _fill(small_disk)
         full_since = time.monotonic()
@@ -89,9 +87,7 @@ def test_a_full_disk_fails_no_image_and_the_job_completes_once_space_returns(
         assert "the disk of the ledger" in status and "no worker is listening" not in status, status
         # When space returns
         filler.unlink()
-        wait_until(
-            lambda: deployment.run_json("status", str(job))["state"] == "finished", 180, "the job to finish"
-        )
+        wait_until(lambda: deployment.job_status(job)["state"] == "finished", 180, "the job to finish")
         log = worker.log()
     # Then every image is done, none failed for the disk, and no attempt was counted for it
     outcome = check_ledger(deployment, job, images, before)

@@ -151,7 +151,7 @@ def test_requeue_resends_only_pending_images(embedded: Deployment, tmp_path: Pat
     assert (sent["images"], sent["batches"]) == (5, 3)
     with running_worker(embedded, concurrency=1):
         deadline = time.monotonic() + 120
-        while embedded.run_json("status", str(job))["state"] != "finished":
+        while embedded.job_status(job)["state"] != "finished":
             assert time.monotonic() < deadline, "job did not finish after requeue"
             time.sleep(0.5)
     # Then every image finished exactly once

@@ -42,11 +42,11 @@ def _prepare(
 
 
 def _finished(deployment: Deployment, job_id: int) -> bool:
-    return bool(deployment.run_json("status", str(job_id))["state"] == "finished")
+    return bool(deployment.job_status(job_id)["state"] == "finished")
 
 
 def _done_at_least(deployment: Deployment, job_id: int, count: int) -> bool:
-    status = deployment.run_json("status", str(job_id))
+    status = deployment.job_status(job_id)
     return bool(status["done"] + status["failed"] + status["rejected"] >= count)
 
 
