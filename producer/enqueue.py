@@ -29,7 +29,7 @@ from producer.incremental import DEFAULT_MAX_RETRIES, Tally, select_files
 from producer.new_job import create_enqueue_job
 from producer.read_ahead import ChunksAhead
 from producer.record_chunk import record_chunk
-from producer.scan import ScanNotes, scan_files, scan_roots
+from producer.scan import ScannedFile, ScanNotes, scan_files, scan_roots
 from producer.sender import ChunkSender
 from producer.unqueued_run import record_unqueued_run
 
@@ -170,19 +170,23 @@ def enqueue_folders(
     ):
         try:
             sent: list[int] = []  # batches whose messages are out, marked in the next transaction
-            for chunk in chunks:
+            # Files selected but not recorded yet: the part of a chunk short of a whole batch, recorded
+            # with the next chunk's, so that a run that finds a few new files in every chunk cuts whole
+            # batches across chunks (at most batch_size - 1 files, held while the next chunk is scanned).
+            carried: list[ScannedFile] = []
+
+            def record(chunk: list[ScannedFile], last: bool) -> None:
+                nonlocal sent, recorded, carried
                 with factory() as session, session.begin():
                     mark_sent(session, sent, ledger_now(session))
                     # Kept open until this chunk commits: a reconciler that took this producer for a dead
                     # one, or `detq cancel`, counts the chunk or comes first and keeps it out.
                     still_open = lock_open_enqueue(session, job_id)
                     if still_open:
-                        # A short chunk is the last: its batches taper (a folder of an exact multiple of
-                        # INSERT_CHUNK files ends on a full chunk and keeps full batches).
-                        last = len(chunk) < INSERT_CHUNK
-                        if tally is not None:
+                        if tally is not None and chunk:
                             # Looked up in the insert's transaction: on SQLite no other run's rows slip in.
                             chunk = select_files(session, (model_id, settings.key), chunk, max_retries, tally)
+                        chunk, carried = _carry_part_batch([*carried, *chunk], batch_size, last)
                         batches, refused = record_chunk(
                             session, job_id, chunk, batch_size, processes if last else 0
                         )
@@ -192,6 +196,13 @@ def enqueue_folders(
                 sent = sender.submit(batches)  # sent while the next chunk is scanned and recorded
                 if on_progress is not None:
                     on_progress(sender.images, sender.batches)
+
+            for chunk in chunks:
+                # A short chunk is the last: its batches taper (a folder of an exact multiple of
+                # INSERT_CHUNK files ends on a full chunk, and what it carried is recorded after it).
+                record(chunk, last=len(chunk) < INSERT_CHUNK)
+            if carried:
+                record([], last=True)
             sent += sender.finish()
         except BROKER_ERRORS as exc:
             # The broker away is nothing of the images': those recorded stay pending, and any reconciler
@@ -305,3 +316,19 @@ def _record_unqueued_run(
         reason=f"nothing queued: {error}",
         settings=settings,
     )
+
+
+def _carry_part_batch(
+    files: list[ScannedFile], batch_size: int, last: bool
+) -> tuple[list[ScannedFile], list[ScannedFile]]:
+    """(to record now, to carry to the next chunk): the accepted files past the last whole batch wait for
+    the next chunk's, unless this chunk is the last. Refused files are recorded at once (no batch)."""
+    if last:
+        return files, []
+    accepted = [f for f in files if not f.refused]
+    keep = len(accepted) - len(accepted) % batch_size
+    carried = accepted[keep:]
+    if not carried:
+        return files, []
+    held = {id(f) for f in carried}
+    return [f for f in files if id(f) not in held], carried

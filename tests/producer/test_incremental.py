@@ -160,3 +160,43 @@ def test_only_new_at_other_settings_is_new_work_and_the_job_records_them(
     # And a class the model does not have is refused before any job is made (the demo model names its)
     with pytest.raises(EnqueueError, match="has no class 'circel'; its classes are: circle, square"):
         enqueue(InferenceSettings(classes=("circel",)))
+
+
+def test_an_incremental_run_cuts_whole_batches_across_scan_chunks(
+    factory: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import func, select
+
+    import producer.enqueue as enqueue
+    from db.models import Image
+    from detq.celery_app import make_celery_app
+    from detq.settings import Settings
+
+    # Given scan chunks of ten files, and a folder of thirty files already queued
+    monkeypatch.setattr(enqueue, "INSERT_CHUNK", 10)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for n in range(30):
+        (folder / f"{n:03d}0.jpg").write_bytes(b"\xff\xd8 not decoded by enqueue")
+    app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data"))
+    model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+
+    def only_new() -> enqueue.EnqueueResult:
+        return enqueue.enqueue_folders(
+            factory, app, roots=[folder], model_path=model, pool=Pool.CPU, batch_size=4, only_new=True
+        )
+
+    first = only_new()
+    # When ten new files land between the old ones, two or three in each chunk the scan reads
+    for n in range(0, 30, 3):
+        (folder / f"{n:03d}5.jpg").write_bytes(b"\xff\xd8 not decoded by enqueue")
+    second = only_new()
+    app.close()
+    # Then the run queues them in whole batches across the chunks (the rest in its last), not a short
+    # batch a chunk
+    with factory() as session:
+        sizes = session.scalars(
+            select(func.count()).where(Image.job_id == second.job_id).group_by(Image.batch_id)
+        ).all()
+    assert (first.total, first.batches) == (30, 8)
+    assert second.total == 10 and sorted(sizes) == [2, 4, 4] and second.batches == 3
