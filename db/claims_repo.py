@@ -27,7 +27,10 @@ _BATCH_IMAGES = (
         _IMAGES.c.batch_id,
         _IMAGES.c.claimed_by,
     )
-    .where(_IMAGES.c.job_id == bindparam("job_id"), _IMAGES.c.id.in_(bindparam("ids", expanding=True)))
+    # By the ids alone, the job checked here: with the job in the WHERE clause, PostgreSQL with no
+    # statistics on a fresh job combined the (job_id, status) index with the ids and read every pending row
+    # of the job (db/images_repo.py, _LOCK_PENDING).
+    .where(_IMAGES.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_IMAGES.c.id)
 )
 
@@ -108,7 +111,7 @@ def claimable_images(
     if not image_ids:
         return ClaimView(free=[], busy=0)
     # The job's images among the ids, whatever their status (how many were found), in one statement.
-    rows = session.execute(_BATCH_IMAGES, {"job_id": job_id, "ids": list(image_ids)}).all()
+    rows = [r for r in session.execute(_BATCH_IMAGES, {"ids": list(image_ids)}).all() if r.job_id == job_id]
     found = len(rows)
     images = [Claimable(*row[1:]) for row in rows if row[0] == ImageStatus.PENDING.value]
     claimers = workers_by_id(session, sorted({i.claimed_by for i in images if i.claimed_by is not None}))
