@@ -43,9 +43,11 @@ format: install-dev
 services:
 	bash scripts/ensure_services.sh
 
-# Everything: the linters, then every test, the 20 slowest named at the end.
+# Everything: the linters, then every test in TEST_PROCESSES test processes side by side (pytest-xdist;
+# each its own Redis database and PostgreSQL databases), the 20 slowest named at the end.
+TEST_PROCESSES ?= 2
 test: install-dev lint services bytecode
-	$(PY) -m pytest --durations=20
+	$(PY) -m pytest -n $(TEST_PROCESSES) --durations=20
 
 # The tests not marked integration: no detq worker process (the ledger's tests use PostgreSQL where it answers).
 test-unit: install-dev

@@ -19,7 +19,9 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_ADMIN_URL = os.environ.get(
     "DETQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("DETQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+# One Redis database a test process (pytest-xdist's gw0, gw1...: 11, 12...), each flushed by its own tests.
+_TEST_PROCESS = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+REDIS_URL = os.environ.get("DETQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{11 + _TEST_PROCESS}")
 
 
 def service_missing(name: str, error: BaseException) -> None:
