@@ -19,6 +19,13 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_ADMIN_URL = os.environ.get(
     "DETQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+# Test processes side by side (make test: pytest-xdist) share the cores: torch's default of one thread a
+# core in each, and in every detq process they start, oversubscribed them, and OpenMP's spinning threads
+# made a 9 s test take 147 s. One intra-op thread each (detq's pool processes set their own).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 # One Redis database a test process (pytest-xdist's gw0, gw1...: 11, 12...), each flushed by its own tests.
 _TEST_PROCESS = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 REDIS_URL = os.environ.get("DETQ_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{11 + _TEST_PROCESS}")

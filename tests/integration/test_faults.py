@@ -79,10 +79,10 @@ def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(embedded: Deployme
 def test_a_soft_time_limit_fails_only_the_image_that_alone_outlasts_it(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    # Given six quick images, one that takes about 4 s, and a soft limit of 1 s (Celery checks its time
+    # Given six quick images, one that takes about 6 s, and a soft limit of 1 s (Celery checks its time
     # limits about once a second, and the limit interrupts Python, not a forward: the heavy image must
     # far outlast it); on both deployments, as a pool process sends the batches again itself
-    images, heavy = _quick_and_heavy(deployment, tmp_path, 6, heavy_ms=4000, soft_s=1, hard_s=30)
+    images, heavy = _quick_and_heavy(deployment, tmp_path, 6, heavy_ms=6000, soft_s=1, hard_s=30)
     before = digests(images)
     # When they run as one batch
     with running_worker(deployment, concurrency=1) as worker:
