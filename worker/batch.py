@@ -136,7 +136,7 @@ class Batch:
         self.backup = backup
         self.send = send
         self.report = BatchReport()
-        self.job: JobSpec | None = None  # read at the claim
+        self.job: JobSpec | None = None  # set once the claim has committed
         self.claimed: list[int] = []  # the images this delivery claimed (attempts counted)
         self.unwritten: list[ImageResult] = []  # results not yet committed: written again at the time limit
         self.progress = Progress()  # the detection under way: what finished, what it is on
@@ -206,8 +206,8 @@ class Batch:
     def _claim_and_detect(self) -> None:
         runtime, job_id, image_ids = self.runtime, self.job_id, self.image_ids
         start = in_transaction(runtime.ledger.sessions, self._start)
-        job, view = self.job, start.view
-        assert job is not None
+        self.job = job = start.job  # claimed: from here on, a time limit keeps what finished
+        view = start.view
         if start.fresh:
             runtime.remember_started(job_id)
         if view.found < len(image_ids):
@@ -282,7 +282,6 @@ class Batch:
             runtime.remember_job(job_id, None)
             job = _read_job(session, job_id)
         runtime.remember_job(job_id, job)
-        self.job = job
         fresh = [i for i in view.free if view.deaths(i) == 0]
         now = runtime.clock.now()
         won = (
@@ -296,7 +295,7 @@ class Batch:
         )
         if won and job_id not in runtime.started_jobs:
             mark_started(session, job_id, now)  # the job's running time counts from its first claim
-        return _Start(view=view, fresh=[i for i in fresh if i.id in won])
+        return _Start(job=job, view=view, fresh=[i for i in fresh if i.id in won])
 
     def _claim_one(self, image: Claimable, let_go: frozenset[int]) -> bool:
         runtime = self.runtime
@@ -385,6 +384,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class _Start:
+    job: JobSpec
     view: ClaimView
     fresh: list[Claimable]  # never started before, now claimed by this process
 
