@@ -3,7 +3,7 @@ gained where measured, and the setting that turns it off. `DETQ_AS_SAVED=true` (
 all off: the model as its file has it, one image a forward, pool processes untuned.
 
 The code of each lives where the list says (`module`); this list is what `load_configured`, the pool
-processes' start-up, `detq model inspect` and docs/models.md ("Speed-ups") read. Two kinds:
+processes' start-up, `detq model inspect` and docs/models.md ("Speed-ups") read. Two sorts:
 
 - **exact** ones are on by default: each is checked against the model as saved where it could change an
   answer (bit for bit on probes at load, and again on a process's first real forwards) and dropped where
@@ -14,17 +14,7 @@ processes' start-up, `detq model inspect` and docs/models.md ("Speed-ups") read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
-
-
-class Kind(StrEnum):
-    """What a speed-up changes."""
-
-    MODEL = "model rewrite"  # the module a process runs, made at load
-    FORWARDS = "forwards"  # how images are fed to the model
-    DECODE = "decode"  # how an image's pixels are read
-    PROCESS = "process tuning"  # the process itself: its allocator, its garbage collector
 
 
 @dataclass(frozen=True)
@@ -32,7 +22,6 @@ class Speedup:
     """One speed-up, declared."""
 
     name: str
-    kind: Kind
     switch: str  # the Settings field that turns it on or off (DETQ_<SWITCH>)
     off: Any  # the switch's value that turns it off
     exact: bool  # True: checked against the model as saved and dropped where it differs
@@ -50,7 +39,6 @@ class Speedup:
 SPEEDUPS: tuple[Speedup, ...] = (
     Speedup(
         name="micro-batches",
-        kind=Kind.FORWARDS,
         switch="micro_batch",
         off=1,
         exact=True,
@@ -64,7 +52,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="sampled resize",
-        kind=Kind.MODEL,
         switch="cpu_sampled_resize",
         off=False,
         exact=True,
@@ -75,7 +62,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="selected detections",
-        kind=Kind.MODEL,
         switch="cpu_selected_detections",
         off=False,
         exact=True,
@@ -86,7 +72,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="channels_last",
-        kind=Kind.MODEL,
         switch="cpu_channels_last",
         off=False,
         exact=True,
@@ -97,7 +82,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="frozen graph",
-        kind=Kind.MODEL,
         switch="cpu_optimize",
         off=False,
         exact=False,
@@ -108,7 +92,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="reduced JPEG decode",
-        kind=Kind.DECODE,
         switch="fast_decode",
         off=False,
         exact=False,
@@ -119,7 +102,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="large buffers kept",
-        kind=Kind.PROCESS,
         switch="process_tuning",
         off=False,
         exact=True,
@@ -130,7 +112,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     Speedup(
         name="collector frozen",
-        kind=Kind.PROCESS,
         switch="process_tuning",
         off=False,
         exact=True,

@@ -245,10 +245,10 @@ class Batch:
         fast = (job.settings or runtime.own_settings).fast_decode
 
         def detect(images: Sequence[Claimable]) -> list[ImageResult]:
-            self.progress = Progress()
             found = detect_images(
                 runtime, model, _pending(images), job.roots, fast_decode=fast, progress=self.progress
             )
+            # Handed to _write, which owns them from here (a time limit in the write finds them there).
             self.progress = Progress()
             return found
 

@@ -283,6 +283,7 @@ def load_model_for_device(
             + REEXPORT_HINT
         ) from exc
     warmup_ms = (time.perf_counter() - started) * 1000
+    speedups = (*rewrites, *applied)
     if target.type == "cpu" and not cpu_runs_it_natively(precision):
         notes.append(f"DETQ_PRECISION={precision}: this CPU has no {precision} units, so it runs emulated")
         log.warning("detq: %s, much slower than fp32", notes[-1])
@@ -299,7 +300,7 @@ def load_model_for_device(
         load_ms,
         warmup_ms,
         grouping.note,
-        ", ".join((*rewrites, *applied)) or "none",
+        ", ".join(speedups) or "none",
     )
     return LoadedModel(
         module=module,
@@ -315,7 +316,7 @@ def load_model_for_device(
         repaired_devices=tuple(repaired),
         notes=tuple(notes),
         grouping=grouping,
-        speedups=(*rewrites, *applied),
+        speedups=speedups,
         rewrite_check=None
         if not rewrites
         else RewriteCheck(
