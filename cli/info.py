@@ -18,8 +18,11 @@ from db.clock import ledger_now
 from db.ledger import ledger
 from db.migrate import current_revision, head_revision
 from detq import __version__
+from detq.celery_app import make_celery_app
+from detq.display import visible
 from detq.errors import DetqError
 from detq.settings import Settings
+from dispatch.broker import dead_letters
 from producer.fleet import WorkerView, fleet
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -67,6 +70,7 @@ def _describe(settings: Settings) -> dict[str, Any]:
         else:
             with led.reads() as session:
                 views = fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
+    info["set_aside"] = _set_aside(settings)
     alive = [v for v in views if v.state == "alive"]
     info["workers"] = {
         "nodes": sorted({f"{v.node} ({v.pool})" for v in alive if v.role == "node"}),
@@ -74,6 +78,18 @@ def _describe(settings: Settings) -> dict[str, Any]:
         "images_per_s": round(sum(v.images_per_s for v in alive if v.role == "process"), 2),
     }
     return info
+
+
+def _set_aside(settings: Settings) -> dict[str, Any]:
+    """The messages the broker's consumers set aside (not JSON, not a detq task...), newest first."""
+    app = make_celery_app(settings)
+    try:
+        found = dead_letters(app, settings)
+    except Exception as exc:  # noqa: BLE001 - a broker that does not answer: info still tells the rest
+        return {"count": None, "latest": [], "error": f"cannot read the broker: {exc}"}
+    finally:
+        app.close()
+    return {"count": found.count, "latest": found.latest}
 
 
 @click.command(cls=DetqCommand, epilog=examples("detq info", "detq info --json"))
@@ -95,6 +111,7 @@ def info(as_json: bool) -> None:
         ("data dir", described["data_dir"]),
         ("database", f"{described['database']} (schema {schema['current'] or 'none'}, {up_to_date})"),
         ("broker", described["broker"]),
+        ("set aside", _set_aside_line(described["set_aside"])),
         ("model", f"{model['path']} ({size})"),
         ("settings file", described["settings_file"] or "none (.env in this folder)"),
         ("DETQ_ variables", ", ".join(described["variables_set"]) or "none"),
@@ -107,6 +124,18 @@ def info(as_json: bool) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name.ljust(width)}  {value}")
+
+
+def _set_aside_line(found: dict[str, Any]) -> str:
+    if found["count"] is None:
+        return visible(found["error"])
+    if not found["count"]:
+        return "none (messages no worker could use are kept here)"
+    newest = found["latest"][0] if found["latest"] else {}
+    return visible(
+        f"{found['count']} messages no worker could use, newest {newest.get('at', '?')} on queue"
+        f" {newest.get('queue', '?')}: {newest.get('reason', '?')}"
+    )
 
 
 @click.command(

@@ -1,8 +1,16 @@
-"""Broker URL policy: a rediss:// broker's certificate is checked unless the URL says otherwise."""
+"""Broker URL policy: which URLs are Redis; a rediss:// broker's certificate is checked unless the URL says
+otherwise."""
 
 from __future__ import annotations
 
 from typing import Any
+
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether this broker URL names Redis (over TCP, TLS or a Unix socket)."""
+    return url.startswith(REDIS_SCHEMES)
 
 
 def verified_tls(url: str) -> str:

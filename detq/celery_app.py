@@ -7,7 +7,8 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from detq import embedded_broker
+from detq import transports
+from detq.broker_url import is_redis_url
 from detq.contract import INFERENCE_QUEUES, QUEUE_ANY
 from detq.settings import Settings
 
@@ -27,6 +28,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
             "control_folder": str(folder / "control"),
+            "dead_letter_folder": str(folder / transports.DEAD_LETTER_FOLDER),
             "polling_interval": settings.broker_polling_interval,
         }
     # Redis redelivers an unacked message after visibility_timeout; it must exceed the longest batch
@@ -37,8 +39,11 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
 def make_celery_app(settings: Settings) -> Celery:
     """Build the Celery app for these settings; producers send by task name, workers register the task."""
     app = Celery("detq", broker=settings.resolved_broker_url, set_as_current=False)
+    # detq's transports: kombu's, setting aside what detq's consumers cannot use (detq/transports.py)
     if settings.is_embedded_broker:
-        app.conf.broker_transport = embedded_broker.Transport
+        app.conf.broker_transport = transports.Transport
+    elif is_redis_url(settings.resolved_broker_url):
+        app.conf.broker_transport = transports.RedisTransport
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

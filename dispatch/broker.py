@@ -13,8 +13,10 @@ from typing import Any
 
 from celery import Celery
 
+from detq.broker_url import is_redis_url
 from detq.contract import INFERENCE_QUEUES
 from detq.settings import Settings
+from detq.transports import DEAD_LETTER_FOLDER, DEAD_LETTER_KEY
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def read_broker(app: Celery, settings: Settings) -> BrokerView:
     url = settings.resolved_broker_url
     if settings.is_embedded_broker:
         return _read_folder(settings.broker_dir / "queue")
-    if url.startswith(("redis://", "rediss://", "redis+socket://")):
+    if is_redis_url(url):
         return _read_redis(app)
     return BrokerView(visible=False)
 
@@ -177,7 +179,7 @@ def queue_depths(app: Celery, settings: Settings) -> dict[str, int]:
                 if path.name.endswith(f".{queue}.msg"):
                     depths[queue] += 1
         return depths
-    if not settings.resolved_broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+    if not is_redis_url(settings.resolved_broker_url):
         return {}
     with app.connection_for_read() as connection:
         channel: Any = connection.default_channel
@@ -185,3 +187,33 @@ def queue_depths(app: Celery, settings: Settings) -> dict[str, int]:
             queue: sum(int(channel.client.llen(channel._q_for_pri(queue, p))) for p in channel.priority_steps)
             for queue in INFERENCE_QUEUES
         }
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """Messages the consumers set aside (detq/transports.py): how many are kept, the newest first."""
+
+    count: int
+    latest: list[dict[str, Any]]
+
+
+def dead_letters(app: Celery, settings: Settings, latest: int = 5) -> DeadLetters:
+    """What the broker's consumers set aside; none where the transport keeps no such place."""
+    if settings.is_embedded_broker:
+        folder = settings.broker_dir / DEAD_LETTER_FOLDER
+        names = sorted((p for p in folder.glob("*.json")), reverse=True) if folder.is_dir() else []
+        records = []
+        for path in names[:latest]:
+            try:
+                records.append(json.loads(path.read_bytes()))
+            except (OSError, ValueError):  # pruned meanwhile
+                continue
+        return DeadLetters(count=len(names), latest=records)
+    if not is_redis_url(settings.resolved_broker_url):
+        return DeadLetters(count=0, latest=[])
+    with app.connection_for_read() as connection:
+        connection.ensure_connection(max_retries=0, timeout=5)  # one try: a broker down says so at once
+        client = connection.default_channel.client  # type: ignore[attr-defined]
+        count = int(client.llen(DEAD_LETTER_KEY))
+        entries = [_loads(raw) for raw in client.lrange(DEAD_LETTER_KEY, 0, latest - 1)] if latest else []
+    return DeadLetters(count=count, latest=[e for e in entries if isinstance(e, dict)])

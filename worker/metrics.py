@@ -20,7 +20,7 @@ from celery import Celery
 
 from db.images_repo import ImageResult
 from detq.settings import Settings
-from dispatch.broker import queue_depths
+from dispatch.broker import dead_letters, queue_depths
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +75,27 @@ class ProcessMetrics:
 
 
 class QueueDepths:
-    """A collector reading each inference queue's depth from the broker when scraped."""
+    """A collector reading from the broker when scraped: each inference queue's depth, and how many
+    messages its consumers set aside (detq/transports.py)."""
 
     def __init__(self, app: Celery, settings: Settings) -> None:
         self.app = app
         self.settings = settings
 
     def collect(self) -> Iterator[Any]:
-        """The detq_queue_depth gauge."""
+        """The detq_queue_depth and detq_dead_letters gauges."""
         from prometheus_client.core import GaugeMetricFamily
 
         family = GaugeMetricFamily("detq_queue_depth", "Batch messages waiting in a queue", labels=["queue"])
+        dead = GaugeMetricFamily("detq_dead_letters", "Messages set aside: no worker could use them (kept)")
         try:
             for queue, depth in queue_depths(self.app, self.settings).items():
                 family.add_metric([queue], depth)
+            dead.add_metric([], dead_letters(self.app, self.settings, latest=0).count)
         except Exception:  # noqa: BLE001 - a scrape during a broker outage shows no depth, not an error page
             log.warning("detq metrics: cannot read the queue depths", exc_info=True)
         yield family
+        yield dead
 
 
 class MetricsServer:

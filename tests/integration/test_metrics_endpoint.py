@@ -49,3 +49,4 @@ def test_a_worker_serves_metrics_of_its_pool_processes(deployment: Deployment, t
     assert samples["detq_batch_seconds_count"] >= 2.0
     assert samples["detq_inference_seconds_count"] == 3.0  # the three good images
     assert samples['detq_queue_depth{queue="any"}'] == 0.0
+    assert samples["detq_dead_letters"] == 0.0  # nothing set aside

@@ -108,6 +108,56 @@ def test_a_killed_pool_process_is_replaced_and_its_batch_delivered_again(
     print(f"attempts: {sorted(check.attempts.values())[-8:]}")
 
 
+GARBAGE = [
+    b"hello \x1b]0;typed into the wrong shell\x07",  # not JSON
+    b"[1, 2, 3]",  # JSON, not a Celery message
+    b'{"body": "W10=", "content-type": "application/x-python-serialize", "headers": {"task": "x"},'
+    b' "properties": {"body_encoding": "base64"}}',  # pickled, another task
+    b'{"task": "detq.process_batch", "args": [1, [2]]}',  # what someone might think a task looks like
+]
+
+
+def _push_garbage(deployment: Deployment, queue: str) -> None:
+    """Each GARBAGE entry where the job's consumers take next: the right end of the Redis list, or the
+    first names in the embedded broker's folder."""
+    if deployment.broker_url:
+        import redis
+
+        client = redis.Redis.from_url(deployment.broker_url)
+        client.rpush(queue, *GARBAGE)
+        client.close()
+        return
+    folder = deployment.data_dir / "broker" / "queue"
+    for n, raw in enumerate(GARBAGE):
+        (folder / f"{0:020d}_{n:020d}_garbage.{queue}.msg").write_bytes(raw)
+
+
+def test_garbage_on_the_queue_is_set_aside_and_the_worker_finishes_the_job(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # Given a job running on one worker
+    images, before = _prepare(deployment, tmp_path)
+    with running_worker(deployment, concurrency=2) as worker:
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", BATCH)["job_id"]
+        wait_until(lambda: _done_at_least(deployment, job_id, 4), 120, "4 images done")
+        # When entries no worker can run land on its queue, where it takes next
+        _push_garbage(deployment, "any")
+        wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+        # Then the worker is still running, and the job finished with every image done
+        assert worker.proc.poll() is None, worker.log()[-3000:]
+        assert worker.log().count("set aside a message of queue any") == len(GARBAGE)
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
+    # And detq info shows what was set aside, newest first, with why
+    set_aside = deployment.run_json("info")["set_aside"]
+    assert set_aside["count"] == len(GARBAGE)
+    raws = {entry["raw"].encode("utf-8", errors="backslashreplace") for entry in set_aside["latest"]}
+    assert raws <= set(GARBAGE) and len(raws) == min(5, len(GARBAGE))
+    assert all(entry["reason"] for entry in set_aside["latest"])
+    shown = deployment.run("info").stdout
+    assert f"{len(GARBAGE)} messages no worker could use" in shown and "\x1b" not in shown
+
+
 class _PoisonHarness:
     """Kills the pool process that logs it starts the poison image, each time it does."""
 
