@@ -1,7 +1,8 @@
 """`make bench`: every runner on the same photos and models, interleaved, in one invocation.
 
 python -m bench [--images 240] [--large-images 192] [--repeat 2] [--models ssdlite,yolov8] [--no-ray]
-                [--enqueue-files 100000] [--only naive,ceiling,opt] [--skip mixed,overhead,writes]
+                [--enqueue-files 100000] [--only naive,ceiling,opt] [--skip mixed,overhead,writes,scale]
+                [--scale-sizes 10000,100000,1000000]
                 [--out bench-results]
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from bench import deployments, enqueue, loops, mixed, ray_data, tables, writes
+from bench import deployments, enqueue, loops, mixed, ray_data, scale, tables, writes
 from bench.photos import write_photos
 from tests.support import save_fixed_box_model, save_torchvision_detector
 
@@ -123,7 +124,14 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", help="comma-separated parts of runner names to run (default: every runner)"
     )
-    parser.add_argument("--skip", default="", help="comma-separated extras to skip: mixed, overhead, writes")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated extras to skip: mixed, overhead, writes, scale"
+    )
+    parser.add_argument(
+        "--scale-sizes",
+        default="10000,100000,1000000",
+        help="files queued in the scale table (bench/scale.py), comma-separated",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     args = parser.parse_args()
     ray = not args.no_ray and ray_data.available()
@@ -201,10 +209,17 @@ def main() -> int:
             save()
         if args.enqueue_files:
             extras["enqueue"] = enqueue_bench(work, args.enqueue_files)
+        if "scale" not in skip:
+            sizes = [int(size) for size in args.scale_sizes.split(",") if size]
+            extras["scale"] = scale.scale_table(work / "scale", sizes, list(scale.DEPLOYMENTS), window_s=20.0)
+            extras["export_at_300_boxes"] = scale.export_peak(work / "scale")
+            save()
         summary = save()
     print(tables.table(summary["images_per_s"]))
     print(tables.start_up_table(summary))
     print(tables.mixed_table(summary))
+    if "scale" in summary:
+        print(scale.markdown(summary["scale"]))
     shown = ("images_per_s", tables.START_UPS, tables.AFTER_CLAIM, tables.MIXED)
     print({k: v for k, v in summary.items() if k not in shown})
     return 0

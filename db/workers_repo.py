@@ -11,6 +11,7 @@ from sqlalchemy import CursorResult, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from db.models import WorkerRecord, table_of
+from detq.contract import task_id_for
 
 ROLE_NODE = "node"  # a `detq worker` parent: consumes the queues, holds reserved messages
 ROLE_PROCESS = "process"  # one pool process: loads the model, runs batches
@@ -113,6 +114,23 @@ def close_lost_workers(session: Session, seen_before: datetime, now: datetime) -
     )
     close_worker(session, lost, now, LOST)
     return lost
+
+
+def held_by_unseen(session: Session, seen_before: datetime) -> set[str]:
+    """Task ids the open rows not seen since seen_before held (nodes' held lists, processes' batches): what
+    close_lost_workers is about to forget."""
+    held: set[str] = set()
+    rows = session.execute(
+        select(WorkerRecord.role, WorkerRecord.held, WorkerRecord.current_batch_id).where(
+            WorkerRecord.stopped_at.is_(None), WorkerRecord.last_seen_at < seen_before
+        )
+    )
+    for role, task_ids, batch_id in rows.tuples():
+        if role == ROLE_NODE:
+            held.update(task_ids or [])
+        elif batch_id is not None:
+            held.add(task_id_for(batch_id))
+    return held
 
 
 def live_workers(session: Session, seen_since: datetime) -> list[WorkerRecord]:

@@ -14,6 +14,7 @@ from db.batches_repo import (
     OpenBatch,
     assign_batch,
     mark_sent,
+    missing_batch_ids,
     open_batches,
     pending_ids_of_batch,
     set_missing,
@@ -23,11 +24,11 @@ from db.enqueue_repo import PRODUCER_GONE_REASON, close_stale_enqueue, stale_enq
 from db.ledger import Ledger
 from db.models import WorkerRecord, as_utc
 from db.retry import in_transaction
-from db.workers_repo import ROLE_NODE, close_lost_workers, live_workers
-from detq.contract import batch_id_of, batches_of, is_backup, task_id_for
+from db.workers_repo import ROLE_NODE, close_lost_workers, held_by_unseen, live_workers
+from detq.contract import batch_id_of, batches_of, is_backup, queue_for_pool, task_id_for
 from detq.settings import Settings
 from dispatch.backups import node_loads
-from dispatch.broker import BrokerView, read_broker, restore_unacked
+from dispatch.broker import BrokerView, read_broker, restore_unacked, unread_queues
 from dispatch.send import send_batch
 from dispatch.tail import send_backups
 
@@ -45,6 +46,7 @@ class ReconcileReport:
     resent_images: int = 0
     waiting: int = 0  # batches missing, within their grace period
     backups: int = 0  # copies sent at a queue's tail for idle workers
+    deep_queues: list[str] = field(default_factory=list)  # over the read limit: their batches not looked at
 
     @property
     def acted(self) -> bool:
@@ -63,8 +65,11 @@ def held_task_ids(workers: Sequence[WorkerRecord]) -> set[str]:
     return held
 
 
-def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: ReconcileReport) -> None:
+def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: ReconcileReport) -> set[str]:
+    """Close the workers not seen for a timeout, and the jobs whose producer went; the task ids the closed
+    workers held."""
     seen_before = now - timedelta(seconds=settings.worker_timeout)
+    lost_held = in_transaction(ledger.reads, lambda s: held_by_unseen(s, seen_before))
     report.lost_workers = in_transaction(ledger.sessions, lambda s: close_lost_workers(s, seen_before, now))
     for job_id in in_transaction(ledger.sessions, lambda s: stale_enqueues(s, seen_before)):
         recorded = in_transaction(
@@ -83,6 +88,7 @@ def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: Recon
             "detq reconciler: job %d: producer gone mid-scan; closed with %d images", job_id, recorded
         )
         report.closed_jobs.append(job_id)
+    return lost_held
 
 
 def _batch_unbatched(ledger: Ledger, batch: OpenBatch, now: datetime) -> list[OpenBatch]:
@@ -134,26 +140,43 @@ def reconcile(
     job_id: int | None = None,
     grace_s: float | None = None,
     now: datetime | None = None,
+    read_limit: int | None = None,
 ) -> ReconcileReport:
     """One pass over the ledger and the broker (all unfinished jobs, or one). Safe to run at any time.
 
     A batch with pending images is left alone while a copy of its message is queued or a live worker
     holds it; one with no copy anywhere for grace_s (two heartbeats, so a message in transit to a node
     shows in its held list) is sent again, with the same task id.
+
+    read_limit: a queue holding more messages is not read, and of its batches only those a lost worker
+    held (or already found missing) are looked at: such a queue has work for every consumer, and a batch
+    lost otherwise (its message never sent) is sent once the queue falls under the limit. A given-back
+    Redis message is put back all the same. So the periodic pass costs the same with a million images
+    queued as with thirty thousand; None reads everything (`detq requeue`).
     """
     now = now or in_transaction(ledger.reads, ledger_now)  # the database's clock (db/clock.py)
     grace = settings.missing_grace_s if grace_s is None else grace_s
     report = ReconcileReport()
-    _close_dead(ledger, settings, now, report)
-    batches = in_transaction(ledger.reads, lambda s: open_batches(s, job_id))
-    if not batches:
+    lost_held = _close_dead(ledger, settings, now, report)
+    deep, empty = (
+        unread_queues(app, settings, read_limit) if read_limit is not None else (frozenset(), frozenset())
+    )
+    report.deep_queues = sorted(deep)
+    batches = in_transaction(ledger.reads, lambda s: open_batches(s, job_id, skip_pools=deep))
+    if deep:  # a deep queue's batches that a lost worker held, or that were found missing before
+        suspects = {b for t in lost_held if (b := batch_id_of(t)) is not None}
+        suspects |= in_transaction(ledger.reads, missing_batch_ids)
+        if suspects:
+            found = in_transaction(ledger.reads, lambda s: open_batches(s, job_id, batch_ids=suspects))
+            batches += [batch for batch in found if queue_for_pool(batch.pool) in deep]
+    if not batches and not deep:  # (a deep queue's job may still have a message to put back, below)
         return report
     for batch in [b for b in batches if b.batch_id is None]:
         batches.extend(_batch_unbatched(ledger, batch, now))
     with ledger.reads() as session:
         workers = live_workers(session, now - timedelta(seconds=settings.worker_timeout))
     held = held_task_ids(workers)
-    view = read_broker(app, settings)
+    view = read_broker(app, settings, skip=deep, empty=empty)
     if not view.visible:
         return report  # RabbitMQ and others redeliver a dead consumer's messages themselves
     restored = _restore_orphans(app, view, held, grace, now)

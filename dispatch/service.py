@@ -10,6 +10,7 @@ from db.engine import is_transient_error
 from db.ledger import Ledger, open_ledger
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
+from dispatch.broker import READ_LIMIT
 from dispatch.idle import IDLE_POLL_S, IdleWatch
 from dispatch.leadership import RECONCILER_LEASE, Leadership
 from dispatch.reconcile import reconcile
@@ -94,7 +95,7 @@ class ReconcilerLoop:
                         continue
                     reachable_since = reachable_since or time.monotonic()
                     if held and time.monotonic() - reachable_since >= self.settings.worker_timeout:
-                        reconcile(self.ledger, app, self.settings)
+                        reconcile(self.ledger, app, self.settings, read_limit=READ_LIMIT)
                 except Exception as exc:  # noqa: BLE001 - a failed pass (broker or database away) is retried
                     if is_transient_error(exc):
                         reachable_since = None

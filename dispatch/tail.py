@@ -85,10 +85,11 @@ def tail_pass(ledger: Ledger, app: Celery, settings: Settings, now: datetime | N
     depths = queue_depths(app, settings)
     if not any(depths.get(queue, 1) == 0 for queue in tail_queues):
         return 0  # every queue an idle worker could take from still has work (or cannot be counted)
-    batches = in_transaction(ledger.reads, lambda s: open_batches(s))
+    # Queued task ids are not read here: a queue with a message in it is not at its tail (nor are its
+    # batches read from the ledger).
+    waiting = {queue for queue, depth in depths.items() if depth > 0}
+    batches = in_transaction(ledger.reads, lambda s: open_batches(s, skip_pools=waiting))
+    batches = [b for b in batches if queue_for_pool(b.pool) not in waiting]
     if not batches:
         return 0
-    # Queued task ids are not read here: a queue with a message in it is not at its tail.
-    waiting = {queue for queue, depth in depths.items() if depth > 0}
-    batches = [b for b in batches if queue_for_pool(b.pool) not in waiting]
     return send_backups(ledger, app, batches, nodes, set(), now, settings.missing_grace_s)

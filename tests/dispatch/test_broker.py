@@ -185,3 +185,36 @@ def test_the_embedded_broker_hands_out_a_batch_sent_again_before_its_backlog(tmp
         "detq-batch-41",
         "detq-batch-1",
     ]
+
+
+def test_a_deep_queue_is_counted_not_read_and_its_orphaned_message_still_given_back(
+    redis_url: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    from db.ledger import open_ledger
+    from dispatch.reconcile import reconcile
+    from tests.dispatch.conftest import job_with_batch
+
+    # Given a job on the cpu queue, three messages queued, one delivered long ago to a consumer gone quiet
+    settings = Settings(_env_file=None, broker_url=redis_url, data_dir=tmp_path / "data", worker_timeout=30)
+    ledger = open_ledger(settings)
+    job_id, batch_id = job_with_batch(ledger)
+    app = make_celery_app(settings)
+    with ChunkSender(app, job_id, Pool.CPU) as sender:
+        sender.submit([(batch_id, [1, 2, 3]), (batch_id + 1, [4]), (batch_id + 2, [5]), (batch_id + 3, [6])])
+        sender.finish()
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    held = channel.basic_get("cpu", no_ack=False)
+    assert held is not None
+    client.zadd(channel.unacked_index_key, {held.delivery_tag: 1.0})
+    try:
+        # When the periodic pass runs with a read limit under the queue's depth
+        report = reconcile(ledger, app, settings, read_limit=2)
+        # Then the queue's messages were not read, and the orphan was put back all the same
+        assert report.deep_queues == ["cpu"] and report.restored == 1
+        assert read_broker(app, settings, skip=frozenset({"cpu"})).queued == set()
+        assert client.llen("cpu") == 4
+    finally:
+        connection.close()
+        app.close()
+        ledger.close()

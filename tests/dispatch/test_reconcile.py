@@ -94,3 +94,61 @@ def test_a_job_whose_producer_stopped_mid_scan_is_closed_with_what_was_recorded(
         job = get_job(s, job_id)
         assert job is not None and job.enqueued_complete and job.total == 2
         assert "producer stopped" in (job.closed_reason or "")
+
+
+def test_a_lost_batch_behind_a_deep_queue_waits_until_the_queue_falls_under_the_read_limit(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a batch whose message never reached the broker, on a queue holding three other messages
+    job_id, batch_id = job_with_batch(ledger)
+    for n in range(3):
+        send_batch(app, job_id=job_id + 100, batch_id=batch_id + 100 + n, image_ids=[1], pool="cpu")
+    now = utcnow()
+    # When the periodic pass looks with a read limit of two messages, long after the grace
+    for offset in (0, 60, 120):
+        report = reconcile(ledger, app, settings, now=now + timedelta(seconds=offset), read_limit=2)
+        # Then the deep queue's batches are not looked at, nor its messages read
+        assert report.deep_queues == ["cpu"]
+        assert (report.resent_batches, report.waiting) == (0, 0)
+    # When the queue falls to the limit (two taken by consumers)
+    with app.connection_for_read() as connection:
+        for _ in range(2):
+            assert connection.default_channel.basic_get("cpu", no_ack=True) is not None
+    # Then the lost batch is found missing, and sent after its grace
+    later = now + timedelta(seconds=180)
+    report = reconcile(ledger, app, settings, now=later, read_limit=2)
+    assert (report.deep_queues, report.resent_batches, report.waiting) == ([], 0, 1)
+    report = reconcile(
+        ledger, app, settings, now=later + timedelta(seconds=settings.missing_grace_s), read_limit=2
+    )
+    assert (report.resent_batches, report.resent_images) == (1, 3)
+    assert task_id_for(batch_id) in _queued(app, settings)
+    # And `detq requeue` (no read limit) would have found it at once, however deep the queue
+    assert reconcile(ledger, app, settings, now=later, grace_s=0).deep_queues == []
+
+
+def test_a_batch_a_lost_node_held_is_sent_again_however_deep_its_queue(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a node holding a batch whose message left the broker, on a queue deeper than the read limit
+    job_id, batch_id = job_with_batch(ledger)
+    for n in range(3):
+        send_batch(app, job_id=job_id + 100, batch_id=batch_id + 100 + n, image_ids=[1], pool="cpu")
+    now = utcnow()
+    with ledger.sessions() as s, s.begin():
+        node = register_worker(s, WorkerIdentity(ROLE_NODE, "cpu@h", "h", "h/1", 10, "cpu"), now)
+        beat(s, node, now, Beat(held=[task_id_for(batch_id)]))
+    # When it stops beating (hung, or gone) past the timeout
+    dead = now + timedelta(seconds=settings.worker_timeout + 1)
+    report = reconcile(ledger, app, settings, now=dead, read_limit=2)
+    # Then it is closed as lost and its batch found missing, though the queue is not read
+    assert (report.lost_workers, report.deep_queues, report.waiting) == ([node], ["cpu"], 1)
+    # And sent again after the grace, ahead of the backlog, not once the backlog has drained
+    report = reconcile(
+        ledger, app, settings, now=dead + timedelta(seconds=settings.missing_grace_s), read_limit=2
+    )
+    assert (report.resent_batches, report.resent_images) == (1, 3)
+    assert task_id_for(batch_id) in _queued(app, settings)
+    # And once sent, the next pass (which cannot see it queued) leaves it alone
+    later = dead + timedelta(seconds=3 * settings.missing_grace_s)
+    assert reconcile(ledger, app, settings, now=later, read_limit=2).resent_batches == 0

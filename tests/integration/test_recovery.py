@@ -3,6 +3,7 @@ itself, nothing lost, nothing twice. Each test prints how long recovery took."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -106,6 +107,72 @@ def test_a_killed_pool_process_is_replaced_and_its_batch_delivered_again(
     check = check_ledger(deployment, job_id, images, before)
     assert set(check.statuses.values()) == {"done"}
     print(f"attempts: {sorted(check.attempts.values())[-8:]}")
+
+
+def _ledger_rows(deployment: Deployment, sql: str, **params: object) -> list[tuple[object, ...]]:
+    """Rows of a read of this deployment's ledger, in this process."""
+    import sqlalchemy as sa
+
+    from db.ledger import ledger
+    from detq.settings import Settings
+
+    settings = Settings(_env_file=None, data_dir=deployment.data_dir, database_url=deployment.database_url)
+    with ledger(settings, check_schema=False) as led, led.reads() as session:
+        return [tuple(row) for row in session.execute(sa.text(sql), params)]
+
+
+def _held_batches(deployment: Deployment, pid: int) -> list[int]:
+    """The batches the node with this pid lists as held in its last heartbeat."""
+    (held,) = _ledger_rows(
+        deployment, "SELECT held FROM workers WHERE pid = :pid AND role = 'node'", pid=pid
+    )[0]
+    listed = json.loads(held) if isinstance(held, str) else held
+    return [int(task.rsplit("-", 1)[1]) for task in listed or [] if task.rsplit("-", 1)[1].isdigit()]
+
+
+def _pending_in(deployment: Deployment, job_id: int, batches: list[int] | None) -> int:
+    """Pending images of the job (of these batches only, if given)."""
+    rows = _ledger_rows(
+        deployment, "SELECT batch_id FROM images WHERE job_id = :job AND status = 'pending'", job=job_id
+    )
+    return sum(1 for (batch,) in rows if batches is None or batch in batches)
+
+
+def test_a_hung_workers_batch_is_done_ahead_of_the_backlog(deployment: Deployment, tmp_path: Path) -> None:
+    # Given a job of 60 batches of 4 on two workers of one process each, about 0.4 s a batch (the live one
+    # runs about 25 while the hung one is found out)
+    images, before = _prepare(deployment, tmp_path, count=240)
+    with (
+        running_worker(deployment, concurrency=1, name="hung") as hung,
+        running_worker(deployment, concurrency=1, name="live"),
+    ):
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "4")["job_id"]
+        wait_until(
+            lambda: bool(_held_batches(deployment, hung.proc.pid)), 60, "the first worker holds a batch"
+        )
+        # When the first worker hangs (SIGSTOP: alive, silent) with a batch in hand
+        held = _held_batches(deployment, hung.proc.pid)
+        os.killpg(hung.proc.pid, signal.SIGSTOP)
+        hung_at = time.monotonic()
+        try:
+            done_at = wait_until(
+                lambda: _pending_in(deployment, job_id, held) == 0, 120, "the hung worker's batch done"
+            )
+            waiting = _pending_in(deployment, job_id, None)
+            finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
+        finally:
+            os.killpg(hung.proc.pid, signal.SIGCONT)
+    # Then its batch was done within two worker timeouts (found silent, then given back) and a few
+    # batches, while at least 20 batches still waited, not after the backlog
+    timeout_s = float(FAST_HEALING["DETQ_WORKER_TIMEOUT"])
+    print(
+        f"\nhung worker's batch {held} done {done_at - hung_at:.1f} s after the hang, {waiting} images still"
+        f" pending then; job finished {finished_at - hung_at:.1f} s after the hang"
+    )
+    assert done_at - hung_at <= 2 * timeout_s + 8
+    assert waiting >= 20 * 4
+    check = check_ledger(deployment, job_id, images, before)
+    assert set(check.statuses.values()) == {"done"}
 
 
 GARBAGE = [
