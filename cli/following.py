@@ -66,7 +66,7 @@ def follow(
 
     def poll() -> JobStatus:
         with ledger.reads() as session:
-            return job_status(session, job_id, detections=False)
+            return job_status(session, job_id)
 
     with ledger.reads() as session:
         job = get_job(session, job_id)  # its pool, for the hint; the polls count its images

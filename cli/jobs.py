@@ -210,9 +210,8 @@ def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     """Recent jobs with their state and counts."""
     with ledger(load_settings()) as led, led.reads() as session:
         listed = list_jobs(session, limit, hide_empty_runs=not show_all)
-        # The table shows no detection counts: only --json pays for them (a join over each job's boxes).
         now = ledger_now(session)  # one reading of the ledger's clock for every job listed
-        statuses = [job_status(session, job.id, detections=as_json, now=now) for job in listed]
+        statuses = [job_status(session, job.id, now=now) for job in listed]
     if as_json:
         print_json([s.as_dict() for s in statuses])
         return
@@ -287,7 +286,7 @@ def export(job: int | None, fmt: str, output: Path | None) -> None:
         if output is None:
             export_job(session, job, export_format, sys.stdout)
             return
-        images = job_counts(session, job, detections=False).total if sys.stderr.isatty() else 0
+        images = job_counts(session, job).total if sys.stderr.isatty() else 0
         reads = images * PASSES.get(export_format, 1)
         shown = PercentLine(f"exporting job {job}", reads, sys.stderr) if reads else None
         count = write_atomically(output, lambda out: export_job(session, job, export_format, out, shown))

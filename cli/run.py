@@ -265,7 +265,7 @@ def _forget_new_job(led: Ledger, job_id: int | None) -> str:
     if job_id is None:
         return "no job was made"
     with led.sessions() as session, session.begin():
-        status = job_status(session, job_id, detections=False)
+        status = job_status(session, job_id)
         if status.done or status.failed:
             return f"job {job_id} is kept ({status.done + status.failed} of its images ended)"
         delete_job(session, job_id)

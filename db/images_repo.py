@@ -11,6 +11,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from db.bulk import insert_rows, next_ids
+from db.job_counts_repo import count_recorded, move_counts
 from db.jobs_repo import close_job_if_complete
 from db.models import Detection, Image, table_of, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
@@ -90,6 +91,11 @@ def _image_row(job_id: int, image: NewImage, now: datetime) -> tuple[object, ...
     return (job_id, path, size, mtime, root, batch, _PENDING, None, None, 0)
 
 
+def _count_new(session: Session, job_id: int, images: Sequence[NewImage]) -> None:
+    refused = sum(1 for image in images if image.rejected)
+    count_recorded(session, job_id, pending=len(images) - refused, rejected=refused)
+
+
 def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> list[int]:
     """Insert rows in one INSERT ... RETURNING; the new ids in the order of images (for a few rows)."""
     if not images:
@@ -97,7 +103,9 @@ def insert_images(session: Session, job_id: int, images: Sequence[NewImage]) -> 
     now = utcnow()
     rows = [dict(zip(IMAGE_COLUMNS, _image_row(job_id, image, now), strict=True)) for image in images]
     statement = insert(Image).returning(Image.id, sort_by_parameter_order=True)
-    return list(session.scalars(statement, rows))
+    ids = list(session.scalars(statement, rows))
+    _count_new(session, job_id, images)
+    return ids
 
 
 def insert_batched_images(session: Session, job_id: int, images: Sequence[NewImage]) -> dict[int, list[int]]:
@@ -113,6 +121,7 @@ def insert_batched_images(session: Session, job_id: int, images: Sequence[NewIma
     ids = next_ids(session, table, len(images))
     rows = [(image_id, *_image_row(job_id, image, now)) for image_id, image in zip(ids, images, strict=True)]
     insert_rows(session, table, ("id", *IMAGE_COLUMNS), rows)
+    _count_new(session, job_id, images)
     by_batch: dict[int, list[int]] = {}
     for image_id, image in zip(ids, images, strict=True):
         if image.batch_id is not None:
@@ -210,6 +219,15 @@ def finalise_results(
             for r in finalised
             for rank, box in enumerate(r.detections)
         ],
+    )
+    move_counts(
+        session,
+        job_id,
+        pending=-len(finalised),
+        done=sum(1 for r in finalised if ImageStatus(r.status) is ImageStatus.DONE),
+        failed=sum(1 for r in finalised if ImageStatus(r.status) is ImageStatus.FAILED),
+        rejected=sum(1 for r in finalised if ImageStatus(r.status) is ImageStatus.REJECTED),
+        detections=sum(len(r.detections) for r in finalised),
     )
     close_job_if_complete(session, job_id, now, started=True)
     return {r.image_id for r in finalised}

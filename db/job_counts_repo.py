@@ -1,5 +1,6 @@
-"""How a job's images stand: their counts by status and detections, the job read with them in one
-statement for a progress poll, the commonest reasons of its failures; what one run over jobs did."""
+"""How a job's images stand: the counters every write that moves images keeps on the job row (by status,
+and detections), the job read with them for a progress poll, the commonest reasons of its failures; what
+one run over jobs did."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Label, RowMapping, Select, func, select, true
+from sqlalchemy import Label, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Detection, Image, Job, ModelRecord, as_utc
+from db.models import Image, Job, ModelRecord, RecordedCount, as_utc, table_of
 from detq.vocabulary import ImageStatus
 
 
@@ -27,51 +28,86 @@ class JobCounts:
     cancelled: int = 0
 
 
-def _counts(job_id: int) -> Select[int, int, int, int, int, int]:
-    """One row: the job's images in all and by status, an index-only scan of ix_images_job_status."""
-
-    def of(status: ImageStatus) -> Label[int]:
-        return func.count().filter(Image.status == status.value).label(status.value)
-
-    return select(
-        func.count().label("total"),
-        of(ImageStatus.PENDING),
-        of(ImageStatus.DONE),
-        of(ImageStatus.FAILED),
-        of(ImageStatus.REJECTED),
-        of(ImageStatus.CANCELLED),
-    ).where(Image.job_id == job_id)
-
-
-def _detections(session: Session, job_id: int) -> int:
-    """The detections of the job's images (on a job of 100,000 images with 10 boxes each, counting them
-    takes a progress poll from ~13 ms of PostgreSQL's time to ~100: a poll leaves them out)."""
-    boxes = session.scalar(
-        select(func.count())
-        .select_from(Detection)
-        .join(Image, Detection.image_id == Image.id)
-        .where(Image.job_id == job_id)
+_JOBS = table_of(Job)
+# Every batch's write runs it (db/images_repo.py): built once, one shape whatever moved.
+_MOVE = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("job_id"))
+    .values(
+        pending_count=_JOBS.c.pending_count + bindparam("pending"),
+        done_count=_JOBS.c.done_count + bindparam("done"),
+        failed_count=_JOBS.c.failed_count + bindparam("failed"),
+        rejected_count=_JOBS.c.rejected_count + bindparam("rejected"),
+        cancelled_count=_JOBS.c.cancelled_count + bindparam("cancelled"),
+        detection_count=_JOBS.c.detection_count + bindparam("detections"),
     )
-    return boxes or 0
+)
 
 
-def _job_counts(row: RowMapping, detections: int) -> JobCounts:
-    """The counts of a row holding _counts' columns, by their labels."""
+def move_counts(
+    session: Session,
+    job_id: int,
+    *,
+    pending: int = 0,
+    done: int = 0,
+    failed: int = 0,
+    rejected: int = 0,
+    cancelled: int = 0,
+    detections: int = 0,
+) -> None:
+    """Add to the job's counters, in the transaction that moved its images (negative: images that left a
+    state). Every write that inserts images or changes their status calls it; a status reads them."""
+    moved = {
+        "pending": pending,
+        "done": done,
+        "failed": failed,
+        "rejected": rejected,
+        "cancelled": cancelled,
+        "detections": detections,
+    }
+    if any(moved.values()):
+        session.execute(_MOVE, {"job_id": job_id, **moved})
+
+
+def count_recorded(session: Session, job_id: int, pending: int, rejected: int) -> None:
+    """A producer recorded these images (pending, and refused at the scan): a row of their own, so the
+    producer's transaction never locks the job row that workers finishing batches write through."""
+    if pending or rejected:
+        session.execute(insert(RecordedCount).values(job_id=job_id, pending=pending, rejected=rejected))
+
+
+def move_to_status(
+    session: Session, job_id: int, status: ImageStatus, count: int, detections: int = 0
+) -> None:
+    """count pending images of the job ended with this status (with their detections)."""
+    move_counts(session, job_id, pending=-count, detections=detections, **{status.value: count})
+
+
+# What the job's producers recorded: a few hundred rows a million images, by the job's index.
+_RECORDED = select(
+    func.coalesce(func.sum(RecordedCount.pending), 0), func.coalesce(func.sum(RecordedCount.rejected), 0)
+).where(RecordedCount.job_id == bindparam("job_id"))
+
+
+def _counts_of(session: Session, job: Job) -> JobCounts:
+    recorded_pending, recorded_rejected = session.execute(_RECORDED, {"job_id": job.id}).one()
+    pending = job.pending_count + int(recorded_pending)
+    rejected = job.rejected_count + int(recorded_rejected)
     return JobCounts(
-        total=row["total"],
-        pending=row[ImageStatus.PENDING.value],
-        done=row[ImageStatus.DONE.value],
-        failed=row[ImageStatus.FAILED.value],
-        rejected=row[ImageStatus.REJECTED.value],
-        cancelled=row[ImageStatus.CANCELLED.value],
-        detections=detections,
+        total=pending + job.done_count + job.failed_count + rejected + job.cancelled_count,
+        pending=pending,
+        done=job.done_count,
+        failed=job.failed_count,
+        rejected=rejected,
+        cancelled=job.cancelled_count,
+        detections=job.detection_count,
     )
 
 
-def job_counts(session: Session, job_id: int, *, detections: bool = True) -> JobCounts:
-    """Images of the job by status and their detections (detections=False: not counted, 0)."""
-    row = session.execute(_counts(job_id)).mappings().one()
-    return _job_counts(row, _detections(session, job_id) if detections else 0)
+def job_counts(session: Session, job_id: int) -> JobCounts:
+    """Images of the job by status and their detections, from its counters (zeros for no such job)."""
+    job = session.get(Job, job_id, populate_existing=True)  # its counters as the database has them now
+    return _counts_of(session, job) if job is not None else JobCounts(0, 0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -84,23 +120,18 @@ class JobSnapshot:
     model_path: str = ""  # where its model file was when first recorded
 
 
-def job_snapshot(session: Session, job_id: int, *, detections: bool = True) -> JobSnapshot | None:
-    """The job, its model's sha256 and its images by status in one statement (a `--wait` poll's one
-    round trip; three before: the job, its model, the counts); its detections in a second where asked.
-    None if there is no such job."""
-    counts = _counts(job_id).subquery("counts")
+def job_snapshot(session: Session, job_id: int) -> JobSnapshot | None:
+    """The job with its counters, and its model's sha256 and path (a `--wait` poll's two round trips,
+    whatever the job's size). None if there is no such job."""
     row = session.execute(
-        select(Job, ModelRecord.sha256, ModelRecord.path, *counts.c)
+        select(Job, ModelRecord.sha256, ModelRecord.path)
         .join(ModelRecord, Job.model_id == ModelRecord.id)
-        .join(counts, true())
         .where(Job.id == job_id)
+        .execution_options(populate_existing=True)
     ).one_or_none()
     if row is None:
         return None
-    boxes = _detections(session, job_id) if detections else 0
-    return JobSnapshot(
-        job=row[0], model_sha256=row[1], counts=_job_counts(row._mapping, boxes), model_path=row[2]
-    )
+    return JobSnapshot(job=row[0], model_sha256=row[1], counts=_counts_of(session, row[0]), model_path=row[2])
 
 
 def top_reasons(session: Session, job_id: int, limit: int = 3) -> list[tuple[str, int]]:

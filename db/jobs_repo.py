@@ -11,6 +11,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from db.job_counts_repo import job_counts, move_to_status
 from db.models import Detection, Image, Job, ModelRecord, table_of, utcnow
 from db.upsert import insert_ignoring_conflicts
 from detq.inference_settings import DEFAULTS, InferenceSettings
@@ -93,7 +94,7 @@ def cancel_job(session: Session, job_id: int, now: datetime) -> int:
     progress stops adding to it, and it finishes; returns how many images were cancelled."""
     lock_to_close(session, job_id)
     cancelled = end_pending_images(session, job_id, ImageStatus.CANCELLED, CANCELLED_REASON, now)
-    recorded = session.scalar(select(func.count()).select_from(Image).where(Image.job_id == job_id)) or 0
+    recorded = job_counts(session, job_id).total
     session.execute(
         update(Job)
         .where(Job.id == job_id)
@@ -115,6 +116,7 @@ def end_pending_images(session: Session, job_id: int, status: ImageStatus, reaso
             .execution_options(synchronize_session=False)  # no key of each row fetched back
         ),
     )
+    move_to_status(session, job_id, status, outcome.rowcount)
     return outcome.rowcount
 
 

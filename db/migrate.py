@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # alembic loads only to migrate: every command and worker sta
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # The newest migration in MIGRATIONS_DIR; tests/db/test_migrate.py fails if a new one is added without it.
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 ALEMBIC_VERSION_TABLE = "alembic_version"
 
 # Key of the PostgreSQL advisory lock held while migrating; advisory locks are scoped to one database.

@@ -99,6 +99,16 @@ class Job(Base):
     settings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     settings_key: Mapped[str | None] = mapped_column(String(16))
 
+    # How many of its images stand in each state, and their detections (migration 0009): moved in the
+    # transactions that finish images (db/job_counts_repo.py), so a status reads this row and the job's
+    # recorded_counts, never the images. What producers recorded is in recorded_counts.
+    pending_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    done_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    failed_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    rejected_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cancelled_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    detection_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
     model: Mapped[ModelRecord] = relationship()
 
 
@@ -150,6 +160,22 @@ class Batch(Base):
     sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # When the reconciler first found no copy of it queued or held; it is sent again after a grace period.
     missing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class RecordedCount(Base):
+    """Images one write of a producer recorded for a job, pending and refused (migration 0009).
+
+    A job's counters live on its row, moved by the transactions that finish images, which lock that row
+    anyway; a producer recording a chunk must not (workers finishing batches would wait for its chunk),
+    so what it adds is a row of its own here, summed with the job's (a few hundred a million images).
+    """
+
+    __tablename__ = "recorded_counts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pending: Mapped[int] = mapped_column(BigInteger)
+    rejected: Mapped[int] = mapped_column(BigInteger)
 
 
 class WorkerRecord(Base):

@@ -443,7 +443,7 @@ def folder_facts(session: Session, page: ReportPage, job_ids: Sequence[int]) -> 
     newest first), the model and settings, and its latest run."""
     if not job_ids:
         return [("images", page.counts_line()), ("folders", ", ".join(page.roots))]
-    latest = job_status(session, job_ids[0], detections=False)
+    latest = job_status(session, job_ids[0])
     used = sorted(page.job_ids, reverse=True)
     return [
         ("images", page.counts_line()),

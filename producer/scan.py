@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import heapq
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import IO, ClassVar, NamedTuple
 
 from detq.display import visible
 from detq.errors import DetqError
@@ -100,46 +102,102 @@ def is_image_name(name: str) -> bool:
 def scan_roots(
     roots: Sequence[Path], *, recursive: bool = True, notes: ScanNotes | None = None
 ) -> Iterator[ScannedFile]:
-    """Yield image files under each root in a stable order; hidden entries and symlinked folders are skipped.
+    """Yield image files under each root in name order, folder by folder; hidden entries and symlinked
+    folders are skipped.
 
     Symlinked files are yielded as found: the worker resolves them and rejects any that leave the root.
-    What it passes over (a folder it cannot list, a file of another type) goes into notes.
+    What it passes over (a folder it cannot list, a file of another type) goes into notes. Memory holds
+    one folder's names up to SORTED_IN_MEMORY; a larger folder is sorted in runs spilled to a temporary
+    file and merged (a million files in one folder: an enqueue stays under 100 MB).
     """
     notes = notes if notes is not None else ScanNotes()
     for index, root in enumerate(roots):
         stack = [str(root)]
         while stack:
             folder = stack.pop()
+            subfolders = []
             try:
-                with os.scandir(folder) as entries:
-                    listing = sorted(entries, key=lambda e: e.name)
+                listing = _sorted_listing(folder, notes)
+                for name, is_folder in listing:
+                    path = os.path.join(folder, name)
+                    if is_folder:
+                        if recursive:
+                            subfolders.append(path)
+                        continue
+                    if not is_image_name(name):
+                        notes.passed_over(path)
+                        continue
+                    try:
+                        info = os.stat(path)
+                        size, mtime = info.st_size, info.st_mtime
+                    except OSError:  # a dangling symlink: the worker records why it cannot be read
+                        size, mtime = 0, 0.0
+                    stored, refused = check_name(path)
+                    notes.images += 1
+                    yield ScannedFile(stored, size, mtime, index, refused)
             except OSError as error:  # unreadable, or gone since its parent was listed
                 notes.unreadable_folder(folder, error)
                 continue
-            subfolders = []
-            for entry in listing:
-                if entry.name.startswith("."):
-                    continue
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        if recursive:
-                            subfolders.append(entry.path)
-                        continue
-                except OSError as error:
-                    notes.unreadable_folder(entry.path, error)
-                    continue
-                if not is_image_name(entry.name):
-                    notes.passed_over(entry.path)
-                    continue
-                try:
-                    info = entry.stat()
-                    size, mtime = info.st_size, info.st_mtime
-                except OSError:  # a dangling symlink: the worker records why it cannot be read
-                    size, mtime = 0, 0.0
-                stored, refused = check_name(entry.path)
-                notes.images += 1
-                yield ScannedFile(stored, size, mtime, index, refused)
             stack.extend(reversed(subfolders))
+
+
+# Entries of one folder sorted in memory; a larger folder is sorted in runs of this many (each a few MB).
+SORTED_IN_MEMORY = 20_000
+
+
+def _sorted_listing(folder: str, notes: ScanNotes) -> Iterator[tuple[str, bool]]:
+    """The folder's entries that are not hidden, (name, is a folder), in name order. Listed at once (an
+    OSError here is the folder's own); a folder of more than SORTED_IN_MEMORY entries is sorted in runs
+    spilled to a temporary file (NUL-separated: no name holds a NUL) and merged as it is read."""
+    run: list[tuple[str, bool]] = []
+    spilled: list[tuple[int, int]] = []  # (offset, length) of each sorted run in the spill file
+    spill: IO[bytes] | None = None
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_folder = entry.is_dir(follow_symlinks=False)
+            except OSError as error:
+                notes.unreadable_folder(entry.path, error)
+                continue
+            run.append((entry.name, is_folder))
+            if len(run) >= SORTED_IN_MEMORY:
+                spill = spill or tempfile.TemporaryFile(prefix="detq-scan-")
+                spilled.append(_spill_run(spill, run))
+                run = []
+    if spill is None:
+        return iter(sorted(run))
+    if run:
+        spilled.append(_spill_run(spill, run))
+    return _merged(spill, spilled)
+
+
+def _spill_run(spill: IO[bytes], run: list[tuple[str, bool]]) -> tuple[int, int]:
+    run.sort()
+    data = b"".join(b"%c%s\0" % (b"d" if is_folder else b"f", os.fsencode(name)) for name, is_folder in run)
+    offset = spill.seek(0, os.SEEK_END)
+    spill.write(data)
+    return offset, len(data)
+
+
+def _merged(spill: IO[bytes], spilled: list[tuple[int, int]]) -> Iterator[tuple[str, bool]]:
+    try:
+        yield from heapq.merge(*(_read_run(spill, offset, length) for offset, length in spilled))
+    finally:
+        spill.close()
+
+
+def _read_run(spill: IO[bytes], offset: int, length: int, block: int = 1 << 13) -> Iterator[tuple[str, bool]]:
+    """One sorted run of the spill file, read a block at a time (the runs share the file: seek each time)."""
+    left, position, carry = length, offset, b""
+    while left > 0:
+        spill.seek(position)
+        data = spill.read(min(block, left))
+        position, left = position + len(data), left - len(data)
+        *whole, carry = (carry + data).split(b"\0")
+        for item in whole:
+            yield os.fsdecode(item[1:]), item[:1] == b"d"
 
 
 GLOB_CHARACTERS = frozenset("*?[")

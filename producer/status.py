@@ -108,12 +108,9 @@ def job_state(job: Job, counts: JobCounts) -> JobState:
     return JobState.RUNNING if counts.done + counts.failed + counts.rejected > 0 else JobState.QUEUED
 
 
-def job_status(
-    session: Session, job_id: int, *, detections: bool = True, now: datetime | None = None
-) -> JobStatus:
-    """Counts by status and the derived state of one job (detections=False: its detections not counted,
-    0, for a progress poll)."""
-    snapshot = job_snapshot(session, job_id, detections=detections)
+def job_status(session: Session, job_id: int, *, now: datetime | None = None) -> JobStatus:
+    """Counts by status and the derived state of one job: its row and its model's, whatever its size."""
+    snapshot = job_snapshot(session, job_id)
     if snapshot is None:
         raise JobNotFound(f"no job {job_id}")
     job, counts = snapshot.job, snapshot.counts

@@ -1,36 +1,101 @@
-"""Tests of db.job_counts_repo over SQLite and PostgreSQL: a job's counts, and a progress poll's read of
-the job, its model and its counts in one statement."""
+"""Tests of db.job_counts_repo over SQLite and PostgreSQL: a job's counters, kept with every write that
+moves its images, and a progress poll's read of the job, its model and its counts."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.images_repo import ImageResult, finalise_results
-from db.job_counts_repo import job_counts, job_snapshot, run_activity
-from db.models import Image
+from db.images_repo import ImageResult, NewImage, finalise_results, insert_batched_images, insert_images
+from db.job_counts_repo import JobCounts, job_counts, job_snapshot, run_activity
+from db.jobs_repo import cancel_job
+from db.models import Detection, Image, utcnow
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import done_results, pending_job, sql_sent
 
 Factory = sessionmaker[Session]
 
 
-def test_job_counts_can_leave_the_detections_uncounted(factory: Factory) -> None:
-    job_id, model_id, image_ids = pending_job(factory, 3, "n")
+def _scanned(session: Session, job_id: int) -> JobCounts:
+    """The job's counts as the rows say: its images by status, its detections (what the counters keep)."""
+    rows = session.execute(
+        select(Image.status, func.count()).where(Image.job_id == job_id).group_by(Image.status)
+    ).tuples()
+    by_status = {str(status): int(count) for status, count in rows}
+    boxes = session.scalar(
+        select(func.count())
+        .select_from(Detection)
+        .join(Image, Detection.image_id == Image.id)
+        .where(Image.job_id == job_id)
+    )
+    return JobCounts(
+        total=sum(by_status.values()),
+        pending=by_status.get("pending", 0),
+        done=by_status.get("done", 0),
+        failed=by_status.get("failed", 0),
+        rejected=by_status.get("rejected", 0),
+        cancelled=by_status.get("cancelled", 0),
+        detections=boxes or 0,
+    )
+
+
+def test_the_counters_say_what_the_rows_say_after_every_kind_of_write(factory: Factory) -> None:
+    # Given a job of five images recorded, two more refused at the scan, and three in a bulk write
+    job_id, model_id, image_ids = pending_job(factory, 5, "t")
+    with factory() as session, session.begin():
+        insert_images(
+            session, job_id, [NewImage(f"/d/r{i}.jpg", 1, 1.0, 0, rejected="empty file") for i in (1, 2)]
+        )
+        more = insert_batched_images(
+            session, job_id, [NewImage(f"/d/b{i}.jpg", 1, 1.0, 0, batch_id=None) for i in range(3)]
+        )
+    assert more == {}
+    seen = []
+    with factory() as session:
+        seen.append((job_counts(session, job_id), _scanned(session, job_id)))
+    # When two are done with 4 boxes each, one fails, one is rejected by the worker
     with factory() as session, session.begin():
         finalise_results(
             session, job_id, model_id, done_results(image_ids[:2], boxes=4), worker="w", device="cpu"
         )
+        finalise_results(
+            session,
+            job_id,
+            model_id,
+            [
+                ImageResult(image_id=image_ids[2], status=ImageStatus.FAILED, reason="unreadable"),
+                ImageResult(image_id=image_ids[3], status=ImageStatus.REJECTED, reason="too large"),
+            ],
+            worker="w",
+            device="cpu",
+        )
+    # And the first batch's results are written a second time (a redelivery), which changes nothing
+    with factory() as session, session.begin():
+        again = finalise_results(
+            session, job_id, model_id, done_results(image_ids[:2], boxes=4), worker="w", device="cpu"
+        )
+    assert again == set()
     with factory() as session:
-        full = job_counts(session, job_id)
-        quick = job_counts(session, job_id, detections=False)
-    assert (full.done, full.pending, full.detections) == (2, 1, 8)
-    assert (quick.done, quick.pending, quick.detections) == (2, 1, 0)
+        seen.append((job_counts(session, job_id), _scanned(session, job_id)))
+    # And the job is cancelled (its four pending images end cancelled)
+    with factory() as session, session.begin():
+        assert cancel_job(session, job_id, utcnow()) == 4
+    with factory() as session:
+        seen.append((job_counts(session, job_id), _scanned(session, job_id)))
+        snapshot = job_snapshot(session, job_id)
+    # Then after each, the counters were what the rows say
+    for counted, scanned in seen:
+        assert counted == scanned
+    assert seen[-1][0] == JobCounts(
+        total=10, pending=0, done=2, failed=1, rejected=3, cancelled=4, detections=8
+    )
+    assert snapshot is not None and snapshot.counts == seen[-1][0]
 
 
-def test_job_snapshot_reads_a_poll_in_one_statement(factory: Factory) -> None:
+def test_job_snapshot_reads_a_poll_in_two_statements_whatever_the_jobs_size(factory: Factory) -> None:
     # Given a job with two of its three images done, and a job with no images
     job_id, model_id, image_ids = pending_job(factory, 3, "s")
     empty, _, _ = pending_job(factory, 0, "e")
@@ -40,22 +105,23 @@ def test_job_snapshot_reads_a_poll_in_one_statement(factory: Factory) -> None:
         )
         fail = ImageResult(image_id=image_ids[2], status=ImageStatus.FAILED, reason="unreadable")
         finalise_results(session, job_id, model_id, [fail], worker="w", device="cpu")
-    # When a progress poll reads it (detections left out)
+    # When a progress poll reads it
     with factory() as session:
         with sql_sent(session.get_bind().engine) as sent:
-            quick = job_snapshot(session, job_id, detections=False)
-        full = job_snapshot(session, job_id)
+            found = job_snapshot(session, job_id)
         none = job_snapshot(session, empty)
         missing = job_snapshot(session, job_id + 1000)
-    # Then the job, its model and its counts came in one statement, the same as job_counts says
+    # Then the job with its counters and model came in one statement, what its producer recorded in a
+    # second: no statement reads its images or detections
     statements = [sql for sql in sent if not sql.startswith("BEGIN")]  # SQLite's BEGIN IMMEDIATE (db.engine)
-    assert len(statements) == 1, statements
-    assert quick is not None and full is not None and none is not None
-    assert quick.job.id == job_id and quick.model_sha256 == "c" * 64
-    assert (quick.counts.total, quick.counts.done, quick.counts.failed, quick.counts.pending) == (3, 2, 1, 0)
-    assert quick.counts.detections == 0 and full.counts.detections == 8
+    assert len(statements) == 2, statements
+    assert not any(re.search(r"\b(FROM|JOIN)\s+(images|detections)\b", sql) for sql in statements), statements
+    assert found is not None and none is not None
+    assert found.job.id == job_id and found.model_sha256 == "c" * 64
+    assert (found.counts.total, found.counts.done, found.counts.failed, found.counts.pending) == (3, 2, 1, 0)
+    assert found.counts.detections == 8
     with factory() as session:
-        assert full.counts == job_counts(session, job_id)
+        assert found.counts == job_counts(session, job_id)
     # And a job with no images reads zeros, a job that does not exist None
     assert (none.counts.total, none.counts.pending, none.counts.detections) == (0, 0, 0)
     assert missing is None

@@ -20,15 +20,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.orm import Session
 
 from db.engine import make_engine, make_session_factory
-from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import get_or_create_model
 from db.migrate import SchemaError, ensure_schema, head_revision, make_config, script_head, upgrade
 from db.models import Base, utcnow
 from detq.inference_settings import DEFAULT_KEY
-from detq.vocabulary import ImageStatus
 from tests.ledger_support import migrate, revision_of
 
-HEAD = "0008"
+HEAD = "0009"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -105,6 +103,7 @@ def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
         "scheduler_leases",
         "batches",
         "workers",
+        "recorded_counts",
     }
 
 
@@ -220,19 +219,30 @@ def _job_at_any_revision(session: Session, model_id: int) -> int:
 
 
 def _ledger_with_detections(engine: sa.Engine, revision: str, boxes: int) -> None:
-    """The ledger migrated to revision, with one finished image of `boxes` detections."""
+    """The ledger migrated to revision, with one finished image of `boxes` detections, written in SQL with
+    the columns every revision has (today's repository functions also write what later ones added)."""
     upgrade(engine, revision)
     sessions = make_session_factory(engine)
     with sessions() as session, session.begin():
         model = get_or_create_model(session, sha256="a" * 64, path="/m.pt", size_bytes=1, meta={})
         job_id = _job_at_any_revision(session, model.id)
-        (image_id,) = insert_images(session, job_id, [NewImage(path="/d/a.jpg", size_bytes=1, mtime=1.0)])
-        found = tuple(
-            DetectionRow(label_id=i, label=f"c{i}", score=1 - i / 10, x1=i, y1=2, x2=3 + i, y2=4)
-            for i in range(boxes)
-        )
-        result = ImageResult(image_id=image_id, status=ImageStatus.DONE, detections=found)
-        finalise_results(session, job_id, model.id, [result], worker="w", device="cpu")
+        image_id = session.execute(
+            sa.text(
+                "INSERT INTO images (job_id, root_index, path, size_bytes, mtime, width, height, status,"
+                " attempts, finished_at) VALUES (:job, 0, '/d/a.jpg', 1, 1.0, 640, 480, 'done', 1, :now)"
+                " RETURNING id"
+            ),
+            {"job": job_id, "now": utcnow()},
+        ).scalar_one()
+        for i in range(boxes):
+            session.execute(
+                sa.text(
+                    "INSERT INTO detections (image_id, model_id, rank, label_id, label, score, x1, y1, x2,"
+                    " y2)"
+                    " VALUES (:image, :model, :rank, :rank, :label, :score, :rank, 2, 3 + :rank, 4)"
+                ),
+                {"image": image_id, "model": model.id, "rank": i, "label": f"c{i}", "score": 1 - i / 10},
+            )
 
 
 def test_0004_drops_the_detections_foreign_keys_and_keeps_their_rows(database_url: str) -> None:
@@ -437,6 +447,38 @@ def test_0008_gives_jobs_their_settings_and_earlier_jobs_the_defaults_key(databa
         engine.dispose()
         columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
         assert not {"settings", "settings_key"} & columns
+        assert _image_rows(engine) == before
+    finally:
+        engine.dispose()
+
+
+def test_0009_counts_what_each_job_holds_into_its_row(database_url: str) -> None:
+    # Given a ledger at 0008 with a job of one image done with three boxes
+    engine = make_engine(database_url)
+    try:
+        _ledger_with_detections(engine, "0008", boxes=3)
+        before = _image_rows(engine)
+        # When it is upgraded to 0009
+        upgrade(engine, "0009")
+        engine.dispose()
+        # Then the job's row counts its image and boxes, and the tables are as the models say
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.text(
+                    "SELECT pending_count, done_count, failed_count, rejected_count, cancelled_count,"
+                    " detection_count FROM jobs"
+                )
+            ).all()
+        assert found == [(0, 1, 0, 0, 0, 3)]
+        assert _image_rows(engine) == before
+        assert _differences_of(database_url, "jobs") == []
+        assert _differences_of(database_url, "recorded_counts") == []
+        # And a downgrade drops them, keeping the rows
+        command.downgrade(make_config(database_url), "0008")
+        engine.dispose()
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+        assert not {"pending_count", "detection_count"} & columns
+        assert "recorded_counts" not in sa.inspect(engine).get_table_names()
         assert _image_rows(engine) == before
     finally:
         engine.dispose()

@@ -352,7 +352,9 @@ def test_job_finished_before_enqueue_completed_is_closed_by_finish_enqueue(
 
 @contextmanager
 def both_paused_before_the_completion_check(engine: sa.Engine) -> Iterator[None]:
-    """Hold two transactions until both reach the job row read of close_job_if_complete, writes uncommitted.
+    """Hold two transactions until both reach their first statement on the job row (a worker's counters,
+    a producer's enqueue), every other write uncommitted; from there the job row's lock orders them, and
+    the second's completion check comes after the first's commit.
 
     Only on PostgreSQL: on SQLite BEGIN IMMEDIATE already runs the two transactions one after the other, so
     the second could never reach this point while the first waits for it.
@@ -361,9 +363,14 @@ def both_paused_before_the_completion_check(engine: sa.Engine) -> Iterator[None]
         yield
         return
     barrier = threading.Barrier(2)
+    paused: set[int] = set()
 
     def pause(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "enqueued_complete" in statement and statement.lstrip().upper().startswith("SELECT"):
+        touches_job = statement.lstrip().upper().startswith("UPDATE JOBS") or (
+            "enqueued_complete" in statement and statement.lstrip().upper().startswith("SELECT")
+        )
+        if touches_job and id(conn) not in paused:
+            paused.add(id(conn))
             barrier.wait(timeout=10)
 
     event.listen(engine, "before_cursor_execute", pause)
@@ -424,6 +431,32 @@ def test_iter_ledger_returns_every_image_with_its_detections(factory: Factory, e
     assert [dets for _, dets in ledger][1:3] == [[], []]
     # Two queries per chunk of 2 (and a last, short chunk), not one per image
     assert len([sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]) == 6
+
+
+def test_iter_ledger_streams_each_images_boxes_past_another_jobs_in_the_same_id_range(
+    factory: Factory,
+) -> None:
+    # Given two jobs whose images were recorded turn about (their ids interleave), every image with boxes
+    first, second = make_job(factory, 0), make_job(factory, 0, prefix="other")
+    with factory() as s, s.begin():
+        for n in range(6):
+            for fx, prefix in ((first, "a"), (second, "b")):
+                fx.image_ids.extend(insert_images(s, fx.job_id, [NewImage(f"/data/{prefix}{n}.jpg", 1, 1.0)]))
+    record(factory, first, [done(i, n_boxes=1 + k % 3) for k, i in enumerate(first.image_ids)])
+    record(factory, second, [done(i, n_boxes=4) for i in second.image_ids])
+    # When the first job is read in chunks of four, and read again but left after its third image
+    with factory() as s:
+        read = [
+            (image.id, [(d.image_id, d.rank) for d in boxes])
+            for image, boxes in iter_ledger(s, first.job_id, 4)
+        ]
+        stream = iter_ledger(s, first.job_id, 4)
+        partial = [next(stream)[0].id for _ in range(3)]
+        stream.close()  # (its streamed read closed with it)
+        assert [image.id for image, _ in iter_ledger(s, second.job_id, 4, boxes=False)] == second.image_ids
+    # Then each image came once, in id order, with exactly its own boxes by rank
+    assert read == [(i, [(i, r) for r in range(1 + k % 3)]) for k, i in enumerate(first.image_ids)]
+    assert partial == first.image_ids[:3]
 
 
 def test_label_names(factory: Factory, job: Fixture) -> None:

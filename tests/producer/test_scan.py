@@ -195,3 +195,40 @@ def test_named_files_scan_under_the_root_that_holds_them(tmp_path: Path) -> None
         (str(tmp_path / "sub" / "c.jpg"), 3, 0, None),
     ]
     assert notes.images == 2
+
+
+def test_a_folder_larger_than_memory_sorts_is_spilled_and_merged_into_the_same_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import producer.scan
+
+    # Given a folder of 230 images, subfolders, hidden entries and other files, some with odd names (a
+    # newline, bytes that are not UTF-8, a space, characters past ASCII)
+    odd = [b"line\nbreak.jpg", b"\xff\xfebad.jpg", b"with space.png", "caf\u00e9.jpg".encode()]
+    for n in range(230):
+        _touch(tmp_path / f"img{(n * 7919) % 230:04d}.jpg")
+    for name in odd:
+        (Path(os.fsdecode(bytes(tmp_path) + b"/" + name))).write_bytes(b"x")
+    for name in ("sub/a.jpg", "sub/deeper/b.webp", "zz/c.jpg", ".hidden.jpg", ".cache/d.jpg", "notes.txt"):
+        _touch(tmp_path / name)
+
+    def scanned() -> tuple[list[tuple[str, int, float, str | None]], int, int, str | None]:
+        notes = ScanNotes()
+        found = [(f.path, f.size_bytes, f.mtime, f.refused) for f in scan_roots([tmp_path], notes=notes)]
+        return found, notes.images, notes.other_files, notes.other_example
+
+    in_memory = scanned()
+    # When the scan may hold only 16 entries of a folder in memory (the rest spilled in sorted runs)
+    monkeypatch.setattr(producer.scan, "SORTED_IN_MEMORY", 16)
+    spilled = scanned()
+    # Then it finds the same files, in the same order, with the same notes
+    assert spilled == in_memory
+    assert (in_memory[1], in_memory[2]) == (230 + len(odd) + 3, 1)
+    # (the files of the top folder in name order, then each subfolder's, depth first)
+    names = [os.path.relpath(os.fsdecode(os.fsencode(p)), tmp_path) for p, _, _, _ in in_memory[0]]
+    top = [n for n in names if "/" not in n]
+    assert names == top + ["sub/a.jpg", "sub/deeper/b.webp", "zz/c.jpg"]
+    assert len(top) == 230 + len(odd)
+    # (a name of bytes that are not UTF-8 is stored escaped, its place kept by its bytes)
+    readable = [n for n in top if "\\x" not in n]
+    assert readable == sorted(readable) and len(readable) == len(top) - 1
