@@ -68,7 +68,7 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed-dev
 	$(PIP) install --quiet -e '.[worker,dev,bench]'
 	touch $@
 
-# The benchmark suite (bench/): 40 to 60 min on 2 cores (two rounds, as every documented run); python -m bench --help for smaller runs.
+# The benchmark suite (bench/): 45 to 70 min on 2 cores (the scale table about 7 of them) (two rounds, as every documented run); python -m bench --help for smaller runs.
 bench: install-dev services $(VENV)/.installed-bench bytecode
 	$(PY) -m bench $(BENCH_ARGS)
 

@@ -213,6 +213,10 @@ def main() -> int:
             sizes = [int(size) for size in args.scale_sizes.split(",") if size]
             extras["scale"] = scale.scale_table(work / "scale", sizes, list(scale.DEPLOYMENTS), window_s=20.0)
             extras["export_at_300_boxes"] = scale.export_peak(work / "scale")
+            extras["one_folder"] = scale.one_folder_enqueue(
+                work / "scale", work / "scale" / "sample.jpg", max(sizes)
+            )
+            extras["largest_image"] = scale.large_image_peak(work / "scale")
             save()
         summary = save()
     print(tables.table(summary["images_per_s"]))

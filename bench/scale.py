@@ -4,7 +4,7 @@ For each deployment and each number of files queued: `detq enqueue` of a folder 
 JPEG (files/s, peak memory), one reconciler pass with and without its read limit, `detq status`'s query,
 two pool processes' images/s over a trivial model while that many images wait, and `detq cancel` of what
 is left. Only detq's own costs show: the model and the decode take next to nothing. Then the peak memory
-of `detq export` of a job with 300 boxes an image.
+of `detq export` of a job with 300 boxes an image, and of a pool process given a 99.8 MP photo.
 
 python -m bench.scale [--sizes 10000,100000] [--deployments embedded,redis+postgres]
                       [--window 20] [--work DIR]
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -230,6 +232,53 @@ def export_peak(work: Path, images: int = 4000, boxes: int = 300) -> dict[str, A
     }
 
 
+def one_folder_enqueue(work: Path, sample: Path, files: int = 1_000_000) -> dict[str, Any]:
+    """`detq enqueue` of `files` hard links in one folder (no subfolders): files/s and peak memory."""
+    folder = work / f"one-folder-{files}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        link = folder / f"img{i:07d}.jpg"
+        source = work / f"one-folder-source{i // 30_000}.jpg"  # ext4 allows 65,000 links to one file
+        if not source.exists():
+            shutil.copyfile(sample, source)
+        if not link.exists():
+            os.link(source, link)
+    deployment = Deployment(data_dir=work / f"one-folder-{time.monotonic_ns()}", model=work / "fixed.pt")
+    _, files_per_s, peak_mib = _enqueue(deployment, folder)
+    return {"files": files, "enqueue_files_per_s": round(files_per_s), "enqueue_peak_mib": round(peak_mib, 1)}
+
+
+def large_image_peak(work: Path, size: tuple[int, int] = (11550, 8640)) -> dict[str, Any]:
+    """`detq run` over one photo just under the default pixel limit (99.8 MP), a scripted SSDlite, one
+    pool process: the largest process's peak memory (its first forward is checked against the model as
+    saved, at full size), and the run's time."""
+    import numpy as np
+
+    from tests.support import save_torchvision_detector
+
+    folder = work / "large"
+    folder.mkdir(parents=True, exist_ok=True)
+    width, height = size
+    noise = np.random.default_rng(0).integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8)
+    PILImage.fromarray(noise).resize((width, height), PILImage.Resampling.BILINEAR).save(folder / "large.jpg")
+    model = save_torchvision_detector(work / "ssdlite-large.pt", "ssdlite", calibrated=True)
+    deployment = Deployment(data_dir=work / f"large-{time.monotonic_ns()}", model=model)
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, *DETQ, "run", str(folder), "--out", str(work / "large-out")],
+        env=deployment.env() | {"DETQ_WORKER_CONCURRENCY": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
+    return {
+        "megapixels": round(width * height / 1e6, 1),
+        "run_s": round(time.perf_counter() - began, 1),
+        "largest_process_peak_mib": round(int(done.stdout.strip().splitlines()[-1]) / 1024),
+    }
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as docs/benchmarks.md shows it."""
     head = (
@@ -262,9 +311,13 @@ def main() -> int:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         rows = scale_table(work, sizes, kinds, args.window)
-        exported = export_peak(work)
+        extras = {
+            "export_at_300_boxes": export_peak(work),
+            "one_folder": one_folder_enqueue(work, work / "sample.jpg", max(sizes)),
+            "largest_image": large_image_peak(work),
+        }
     print(markdown(rows))
-    print(json.dumps(exported))
+    print(json.dumps(extras))
     return 0
 
 

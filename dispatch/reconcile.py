@@ -189,10 +189,12 @@ def reconcile(
     for batch in batches:
         if batch.batch_id is None:
             continue
-        if task_id_for(batch.batch_id) in present:
+        task_id = task_id_for(batch.batch_id)
+        if task_id in present:
             if batch.missing_since is not None:
                 found_again.append(batch.batch_id)
-        elif batch.missing_since is None and grace > 0:
+        elif batch.missing_since is None and grace > 0 and task_id not in lost_held:
+            # (A batch a worker just found lost held is in transit to no one: sent at once, no grace.)
             newly_missing.append(batch.batch_id)
         elif batch.missing_since is None or (now - as_utc(batch.missing_since)).total_seconds() >= grace:
             report.resent_images += _resend(ledger, app, batch, batch.batch_id, now)

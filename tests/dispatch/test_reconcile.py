@@ -70,12 +70,15 @@ def test_a_batch_a_live_node_holds_is_left_alone_and_a_dead_ones_is_sent_again(
     # Then while it beats, nothing is sent
     for offset in (0, 5, 10):
         assert reconcile(ledger, app, settings, now=now + timedelta(seconds=offset)).resent_batches == 0
-    # When it stops beating past the timeout, it is closed as lost and its batch sent again
+    # When it stops beating past the timeout, it is closed as lost and its batch sent again at once (a
+    # batch a lost worker held is in transit to no one: no grace)
     dead = now + timedelta(seconds=settings.worker_timeout + 1)
     report = reconcile(ledger, app, settings, now=dead)
     assert report.lost_workers == [node]
+    assert (report.resent_batches, report.waiting) == (1, 0)
+    assert task_id_for(batch_id) in _queued(app, settings)
     report = reconcile(ledger, app, settings, now=dead + timedelta(seconds=settings.missing_grace_s))
-    assert report.resent_batches == 1
+    assert report.resent_batches == 0
     with ledger.sessions() as s:
         assert s.get_one(WorkerRecord, node).stop_reason == "lost"
 
@@ -141,12 +144,9 @@ def test_a_batch_a_lost_node_held_is_sent_again_however_deep_its_queue(
     # When it stops beating (hung, or gone) past the timeout
     dead = now + timedelta(seconds=settings.worker_timeout + 1)
     report = reconcile(ledger, app, settings, now=dead, read_limit=2)
-    # Then it is closed as lost and its batch found missing, though the queue is not read
-    assert (report.lost_workers, report.deep_queues, report.waiting) == ([node], ["cpu"], 1)
-    # And sent again after the grace, ahead of the backlog, not once the backlog has drained
-    report = reconcile(
-        ledger, app, settings, now=dead + timedelta(seconds=settings.missing_grace_s), read_limit=2
-    )
+    # Then it is closed as lost and its batch sent again at once, though the queue is not read: ahead of
+    # the backlog, not once the backlog has drained
+    assert (report.lost_workers, report.deep_queues) == ([node], ["cpu"])
     assert (report.resent_batches, report.resent_images) == (1, 3)
     assert task_id_for(batch_id) in _queued(app, settings)
     # And once sent, the next pass (which cannot see it queued) leaves it alone
