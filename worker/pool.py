@@ -25,7 +25,7 @@ from detq.celery_app import make_celery_app
 from detq.contract import QUEUES_BY_POOL
 from detq.display import escape_handlers
 from detq.errors import DetqError
-from detq.host import usable_cores
+from detq.host import usable_cores, usable_memory_bytes
 from detq.modelfile import file_sha256, identify_model_file
 from detq.settings import Settings
 from detq.vocabulary import WorkerPool
@@ -82,6 +82,28 @@ def root_warning(euid: int, settings: Settings) -> str | None:
     return (
         "running as root: this worker can read any file root can (a hard link inside a job's folder to"
         " /etc/shadow would be opened); run it as an unprivileged user, as the Docker images do; " + confined
+    )
+
+
+# A pool process's peak, in bytes a pixel of the photo, where a torchvision detector as saved takes the
+# whole photo in float32 into its own transform: 4.9 GB for 99.8 MP (docs/benchmarks.md, bench/scale.py).
+PEAK_BYTES_PER_PIXEL = 48
+
+
+def memory_warning(max_pixels: int, processes: int, usable_bytes: int) -> str | None:
+    """What to tell a worker whose processes could not all hold a photo of the largest size admitted at
+    once (None where they can): lower the pixel limit, or run fewer processes."""
+    per_process = usable_bytes / max(1, processes)
+    needed = max_pixels * PEAK_BYTES_PER_PIXEL
+    if needed <= per_process:
+        return None
+    fits = int(per_process // PEAK_BYTES_PER_PIXEL)
+    return (
+        f"a photo of DETQ_MAX_IMAGE_PIXELS={max_pixels} pixels can take a pool process to about"
+        f" {needed / 2**30:.1f} GiB, and this host has {per_process / 2**30:.1f} GiB for each of {processes}"
+        f" processes: set DETQ_MAX_IMAGE_PIXELS={fits} (larger photos are then rejected, with the reason) or"
+        " run fewer processes, or the kernel may kill a process on such a photo (the photo then fails"
+        " after DETQ_MAX_ATTEMPTS)"
     )
 
 
@@ -165,6 +187,10 @@ def run_worker(
             parent_engines=[node_ledger.engine, *([reconciler.ledger.engine] if reconciler.ledger else [])],
         )
         if (warning := root_warning(os.geteuid(), settings)) is not None:  # once it is sure to run
+            announce(f"{WARNING_MARK}{warning}")
+        if (
+            warning := memory_warning(settings.max_image_pixels, processes, usable_memory_bytes())
+        ) is not None:
             announce(f"{WARNING_MARK}{warning}")
         announce(
             f"pool={pool} queues={','.join(consumed)} processes={processes} threads/process={threads} "
