@@ -8,7 +8,6 @@ from celery import Celery
 from kombu import Queue
 
 from detq import transports
-from detq.broker_url import is_redis_url
 from detq.contract import INFERENCE_QUEUES, QUEUE_ANY
 from detq.settings import Settings
 
@@ -42,7 +41,9 @@ def make_celery_app(settings: Settings) -> Celery:
     # detq's transports: kombu's, setting aside what detq's consumers cannot use (detq/transports.py)
     if settings.is_embedded_broker:
         app.conf.broker_transport = transports.Transport
-    elif is_redis_url(settings.resolved_broker_url):
+    elif settings.resolved_broker_url.startswith("rediss://"):
+        app.conf.broker_transport = transports.TlsRedisTransport
+    elif settings.resolved_broker_url.startswith("redis://"):
         app.conf.broker_transport = transports.RedisTransport
     app.conf.update(
         task_serializer="json",

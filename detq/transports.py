@@ -57,6 +57,17 @@ TASKS_BY_QUEUE: dict[str, str] = {
 }
 
 
+class NamedByScheme(type):
+    """A transport class that prints as its URL's scheme. kombu writes a connection's URL (`as_uri`: Celery's
+    "Connected to" line, Flower, which picks its broker client by that URL's scheme) with the transport
+    class in the scheme's place: given a class, "<class '...'>://host"."""
+
+    scheme = ""
+
+    def __str__(cls) -> str:
+        return cls.scheme
+
+
 # ---------------------------------------------------------------------------------------------------
 # What a consumer of detq's queues can use
 
@@ -291,7 +302,7 @@ class Channel(filesystem.Channel):
         _warn_set_aside(queue, reason, name)
 
 
-class Transport(filesystem.Transport):
+class Transport(filesystem.Transport, metaclass=NamedByScheme):
     """kombu's filesystem transport with the safe channel, waking for a free prefetch slot, polling faster
     while the node is busy.
 
@@ -304,6 +315,7 @@ class Transport(filesystem.Transport):
     """
 
     Channel = Channel
+    scheme = "filesystem"
     busy_polling_interval = 0.005
     BUSY_S = 2.0
     _last_delivery = float("-inf")
@@ -410,7 +422,14 @@ class RedisChannel(redis.Channel):
         return None
 
 
-class RedisTransport(redis.Transport):
-    """kombu's Redis transport with the checking channel (redis://, rediss://, redis+socket://)."""
+class RedisTransport(redis.Transport, metaclass=NamedByScheme):
+    """kombu's Redis transport with the checking channel, for redis:// URLs."""
 
     Channel = RedisChannel
+    scheme = "redis"
+
+
+class TlsRedisTransport(RedisTransport):
+    """The same for rediss:// URLs (TLS: its settings come from the URL's query, detq.broker_url)."""
+
+    scheme = "rediss"

@@ -22,7 +22,7 @@ from kombu.utils.json import dumps
 from detq.celery_app import make_celery_app
 from detq.contract import TASK_PROCESS_BATCH
 from detq.settings import Settings
-from detq.transports import FolderListing, RedisTransport, Transport, decode
+from detq.transports import FolderListing, RedisTransport, TlsRedisTransport, Transport, decode
 from dispatch.broker import dead_letters
 
 
@@ -393,10 +393,19 @@ def test_redis_sets_garbage_aside_and_hands_on_the_batch_behind_it(redis_url: st
 
 def test_redis_urls_get_the_checking_transport_with_their_tls_settings_kept(tmp_path: Path) -> None:
     # Given a rediss:// broker URL (kombu reads TLS from the scheme's query), and a plain one
-    for url, tls in (("rediss://broker:6380/0", True), ("redis://broker:6379/0", False)):
+    cases = (
+        ("rediss://:pw@broker:6380/0", TlsRedisTransport, True, "rediss://:**@broker:6380/0"),
+        ("redis://broker:6379/0", RedisTransport, False, "redis://:**@broker:6379/0"),
+    )
+    for url, transport, tls, shown in cases:
         app = make_celery_app(Settings(_env_file=None, data_dir=tmp_path / "data", broker_url=url))
         connection = app.connection_for_write()
         # Then the connection uses detq's Redis transport, certificates still checked over TLS
-        assert connection.transport_cls is RedisTransport
+        assert connection.transport_cls is transport
         assert (connection.ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED}) if tls else not connection.ssl
+        # And its URL, as Celery logs it and Flower reads it, has the scheme (not the class) in front
+        assert connection.as_uri() == shown
+        assert connection.as_uri(include_password=True).startswith(
+            url.split("@")[0] if "@" in url else "redis://"
+        )
         app.close()
