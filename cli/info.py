@@ -22,6 +22,7 @@ from detq.celery_app import make_celery_app
 from detq.display import visible
 from detq.errors import DetqError
 from detq.settings import Settings
+from detq.transports import DEAD_LETTER_FOLDER, DEAD_LETTER_KEY
 from dispatch.broker import dead_letters
 from producer.fleet import WorkerView, fleet
 
@@ -82,14 +83,19 @@ def _describe(settings: Settings) -> dict[str, Any]:
 
 def _set_aside(settings: Settings) -> dict[str, Any]:
     """The messages the broker's consumers set aside (not JSON, not a detq task...), newest first."""
-    app = make_celery_app(settings)
+    # The embedded broker's are files: no app, which would make the broker's folders in a fresh data dir.
+    app = None if settings.is_embedded_broker else make_celery_app(settings)
     try:
         found = dead_letters(app, settings)
     except Exception as exc:  # noqa: BLE001 - a broker that does not answer: info still tells the rest
         return {"count": None, "latest": [], "error": f"cannot read the broker: {exc}"}
     finally:
-        app.close()
-    return {"count": found.count, "latest": found.latest}
+        if app is not None:
+            app.close()
+    where = (
+        str(settings.broker_dir / DEAD_LETTER_FOLDER) if app is None else f"the Redis list {DEAD_LETTER_KEY}"
+    )
+    return {"count": found.count, "latest": found.latest, "where": where}
 
 
 @click.command(cls=DetqCommand, epilog=examples("detq info", "detq info --json"))
@@ -130,11 +136,11 @@ def _set_aside_line(found: dict[str, Any]) -> str:
     if found["count"] is None:
         return visible(found["error"])
     if not found["count"]:
-        return "none (messages no worker could use are kept here)"
+        return f"none (a message no worker can use would be kept in {found['where']})"
     newest = found["latest"][0] if found["latest"] else {}
     return visible(
-        f"{found['count']} messages no worker could use, newest {newest.get('at', '?')} on queue"
-        f" {newest.get('queue', '?')}: {newest.get('reason', '?')}"
+        f"{found['count']} messages no worker could use, in {found['where']}; the newest"
+        f" {newest.get('at', '?')} on queue {newest.get('queue', '?')}: {newest.get('reason', '?')}"
     )
 
 

@@ -237,8 +237,9 @@ class DeadLetters:
     latest: list[dict[str, Any]]
 
 
-def dead_letters(app: Celery, settings: Settings, latest: int = 5) -> DeadLetters:
-    """What the broker's consumers set aside; none where the transport keeps no such place."""
+def dead_letters(app: Celery | None, settings: Settings, latest: int = 5) -> DeadLetters:
+    """What the broker's consumers set aside; none where the transport keeps no such place. (app: needed
+    for Redis only; the embedded broker's are files, read without making its folders.)"""
     if settings.is_embedded_broker:
         folder = settings.broker_dir / DEAD_LETTER_FOLDER
         names = sorted((p for p in folder.glob("*.json")), reverse=True) if folder.is_dir() else []
@@ -249,7 +250,7 @@ def dead_letters(app: Celery, settings: Settings, latest: int = 5) -> DeadLetter
             except (OSError, ValueError):  # pruned meanwhile
                 continue
         return DeadLetters(count=len(names), latest=records)
-    if not is_redis_url(settings.resolved_broker_url):
+    if app is None or not is_redis_url(settings.resolved_broker_url):
         return DeadLetters(count=0, latest=[])
     with app.connection_for_read() as connection:
         connection.ensure_connection(max_retries=0, timeout=5)  # one try: a broker down says so at once
