@@ -138,22 +138,37 @@ def _pending_in(deployment: Deployment, job_id: int, batches: list[int] | None) 
     return sum(1 for (batch,) in rows if batches is None or batch in batches)
 
 
+def _hang_holding_a_batch(
+    deployment: Deployment, job_id: int, worker: WorkerHandle
+) -> tuple[list[int], float]:
+    """SIGSTOP the worker (its whole process group) while a batch it lists as held still has pending images
+    (resumed and tried again where the batch finished just before the stop); (those batches, when)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = _held_batches(deployment, worker.proc.pid)
+        if not held or _pending_in(deployment, job_id, held) == 0:
+            time.sleep(0.05)
+            continue
+        os.killpg(worker.proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        held = _held_batches(deployment, worker.proc.pid)
+        if held and _pending_in(deployment, job_id, held) > 0:
+            return held, stopped_at
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    raise AssertionError("the worker never held an unfinished batch")
+
+
 def test_a_hung_workers_batch_is_done_ahead_of_the_backlog(deployment: Deployment, tmp_path: Path) -> None:
-    # Given a job of 60 batches of 4 on two workers of one process each, about 0.4 s a batch (the live one
-    # runs about 25 while the hung one is found out)
-    images, before = _prepare(deployment, tmp_path, count=240)
+    # Given a job of 100 batches of 4 on two workers of one process each (the model runs 6 to 25 images/s
+    # here: the live worker runs 15 to 65 batches while the hung one is found out)
+    images, before = _prepare(deployment, tmp_path, count=400)
     with (
         running_worker(deployment, concurrency=1, name="hung") as hung,
         running_worker(deployment, concurrency=1, name="live"),
     ):
         job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "4")["job_id"]
-        wait_until(
-            lambda: bool(_held_batches(deployment, hung.proc.pid)), 60, "the first worker holds a batch"
-        )
-        # When the first worker hangs (SIGSTOP: alive, silent) with a batch in hand
-        held = _held_batches(deployment, hung.proc.pid)
-        os.killpg(hung.proc.pid, signal.SIGSTOP)
-        hung_at = time.monotonic()
+        # When the first worker hangs (SIGSTOP: alive, silent) with a batch in hand, not yet finished
+        held, hung_at = _hang_holding_a_batch(deployment, job_id, hung)
         try:
             done_at = wait_until(
                 lambda: _pending_in(deployment, job_id, held) == 0, 120, "the hung worker's batch done"
