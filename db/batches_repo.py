@@ -133,8 +133,14 @@ def open_batches(
 
 
 def missing_batch_ids(session: Session) -> set[int]:
-    """Batches the reconciler found with no copy anywhere and has not seen again (missing_since set)."""
-    return set(session.scalars(select(Batch.id).where(Batch.missing_since.is_not(None))))
+    """Batches of unfinished jobs the reconciler found with no copy anywhere and has not seen again
+    (missing_since set; a finished job's batch may keep it, and is no one's concern)."""
+    query = (
+        select(Batch.id)
+        .join(Job, Job.id == Batch.job_id)
+        .where(Batch.missing_since.is_not(None), Job.finished_at.is_(None))
+    )
+    return set(session.scalars(query))
 
 
 def pending_ids_of_batch(session: Session, job_id: int, batch_id: int | None) -> list[int]:
