@@ -56,10 +56,11 @@ test: install-dev lint services bytecode
 test-unit: install-dev
 	$(PY) -m pytest -m "not integration"
 
-# The tier to run after every change: pure logic and in-process, neither integration nor slow (about a
-# minute on 2 cores).
+# The tier to run after every change: pure logic and in-process, neither integration nor slow, in two test
+# processes (no worker pool here to load: 73 s against 91 to 102 s in one, measured on 2 cores).
+FAST_PROCESSES ?= 2
 test-fast: install-dev
-	$(PY) -m pytest -q -m "not integration and not slow"
+	$(PY) -m pytest -q -n $(FAST_PROCESSES) -m "not integration and not slow"
 
 demo: install bytecode
 	$(VENV)/bin/detq demo
