@@ -38,21 +38,27 @@ def write_folder(folder: Path, count: int, sample: Path) -> Path:
     return folder
 
 
-def enqueue_rate(deployment: Deployment, folder: Path) -> tuple[float, float]:
+def enqueue_rate(deployment: Deployment, folder: Path, *options: str) -> tuple[float, float]:
     """(files/s, peak MiB) of one `detq enqueue --json` of the folder, process start-up included."""
+    _, files_per_s, peak_mib = timed_enqueue(deployment, folder, *options)
+    return files_per_s, peak_mib
+
+
+def timed_enqueue(deployment: Deployment, folder: Path, *options: str) -> tuple[int, float, float]:
+    """(job id, files/s, peak MiB) of one `detq enqueue FOLDER [options] --json`, start-up included."""
     began = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", _PEAK, *DETQ, "enqueue", str(folder), "--json"],
+        [sys.executable, "-c", _PEAK, *DETQ, "enqueue", str(folder), *options, "--json"],
         env=deployment.env(),
         capture_output=True,
         text=True,
-        timeout=3600,
+        timeout=7200,
         check=True,
     )
     elapsed = time.perf_counter() - began
     lines = done.stdout.strip().splitlines()
-    total = int(json.loads(lines[-2])["total"])
-    return total / elapsed, int(lines[-1]) / 1024
+    said = json.loads(lines[-2])
+    return int(said["job_id"]), int(said["total"]) / elapsed, int(lines[-1]) / 1024
 
 
 def enqueue_embedded(model: Path, folder: Path, base: Path) -> tuple[float, float]:

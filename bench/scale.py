@@ -29,7 +29,7 @@ from typing import Any
 from PIL import Image as PILImage
 
 from bench.deployments import redis_postgres
-from bench.enqueue import _PEAK, write_folder
+from bench.enqueue import _PEAK, timed_enqueue, write_folder
 from tests.integration.harness import DETQ, Deployment, running_worker
 from tests.support import save_fixed_box_model
 
@@ -55,32 +55,8 @@ def _median_s(call: Callable[[], object], runs: int = 3) -> float:
 
 
 def _enqueue(deployment: Deployment, folder: Path) -> tuple[int, float, float]:
-    """(job id, files/s, peak MiB) of one `detq enqueue --json`, process start-up included."""
-    began = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PEAK,
-            *DETQ,
-            "enqueue",
-            str(folder),
-            "--pool",
-            "cpu",
-            "--batch-size",
-            str(BATCH_SIZE),
-            "--json",
-        ],
-        env=deployment.env(),
-        capture_output=True,
-        text=True,
-        timeout=7200,
-        check=True,
-    )
-    elapsed = time.perf_counter() - began
-    lines = done.stdout.strip().splitlines()
-    said = json.loads(lines[-2])
-    return int(said["job_id"]), int(said["total"]) / elapsed, int(lines[-1]) / 1024
+    """(job id, files/s, peak MiB) of one enqueue of the folder to the cpu queue in batches of 16."""
+    return timed_enqueue(deployment, folder, "--pool", "cpu", "--batch-size", str(BATCH_SIZE))
 
 
 def _images_done(deployment: Deployment, job_id: int) -> int:

@@ -153,6 +153,13 @@ def _wake(channel: Any) -> None:
         transport.slot_freed.set()
 
 
+def queue_of(name: str) -> str | None:
+    """The queue a message file of the embedded broker belongs to, by its name (<time>_<token>.<queue>.msg,
+    a batch sent again 0..0_<time>_...); None for any other file (a *.partial being written)."""
+    queue, dot, kind = name.partition(".")[2].rpartition(".")
+    return queue if dot and kind == "msg" else None
+
+
 class FolderListing:
     """The queue folder's message names by queue, in the order readers take them, from one listing.
 
@@ -187,9 +194,7 @@ class FolderListing:
     def _list(self, now: float) -> None:
         by_queue: dict[str, list[str]] = {}
         for name in os.listdir(self.folder):
-            # <time>_<token>.<queue>.msg (a batch sent again: 0..0_<time>_...); a *.partial is being written
-            queue, dot, kind = name.partition(".")[2].rpartition(".")
-            if dot and kind == "msg":
+            if (queue := queue_of(name)) is not None:
                 by_queue.setdefault(queue, []).append(name)
         for names in by_queue.values():
             names.sort(reverse=True)

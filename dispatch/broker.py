@@ -17,7 +17,7 @@ from celery import Celery
 from detq.broker_url import is_redis_url
 from detq.contract import INFERENCE_QUEUES
 from detq.settings import Settings
-from detq.transports import DEAD_LETTER_FOLDER, DEAD_LETTER_KEY
+from detq.transports import DEAD_LETTER_FOLDER, DEAD_LETTER_KEY, queue_of
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,7 @@ def _read_folder(folder: Path, deep: frozenset[str]) -> BrokerView:
     by_queue: dict[str, list[str]] = {queue: [] for queue in INFERENCE_QUEUES}
     try:
         for name in os.listdir(folder):
-            queue, dot, kind = name.partition(".")[2].rpartition(".")
-            if dot and kind == "msg" and queue in by_queue:
+            if (queue := queue_of(name)) in by_queue:
                 by_queue[queue].append(name)
     except FileNotFoundError:
         return BrokerView()

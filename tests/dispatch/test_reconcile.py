@@ -99,13 +99,19 @@ def test_a_job_whose_producer_stopped_mid_scan_is_closed_with_what_was_recorded(
         assert "producer stopped" in (job.closed_reason or "")
 
 
+def _job_behind_three_messages(ledger: Ledger, app: Celery) -> tuple[int, int]:
+    """A recorded batch whose message never reached the broker, on a cpu queue holding three others."""
+    job_id, batch_id = job_with_batch(ledger)
+    for n in range(3):
+        send_batch(app, job_id=job_id + 100, batch_id=batch_id + 100 + n, image_ids=[1], pool="cpu")
+    return job_id, batch_id
+
+
 def test_a_lost_batch_behind_a_deep_queue_waits_until_the_queue_falls_under_the_read_limit(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a batch whose message never reached the broker, on a queue holding three other messages
-    job_id, batch_id = job_with_batch(ledger)
-    for n in range(3):
-        send_batch(app, job_id=job_id + 100, batch_id=batch_id + 100 + n, image_ids=[1], pool="cpu")
+    job_id, batch_id = _job_behind_three_messages(ledger, app)
     now = utcnow()
     # When the periodic pass looks with a read limit of two messages, long after the grace
     for offset in (0, 60, 120):
@@ -134,9 +140,7 @@ def test_a_batch_a_lost_node_held_is_sent_again_however_deep_its_queue(
     ledger: Ledger, app: Celery, settings: Settings
 ) -> None:
     # Given a node holding a batch whose message left the broker, on a queue deeper than the read limit
-    job_id, batch_id = job_with_batch(ledger)
-    for n in range(3):
-        send_batch(app, job_id=job_id + 100, batch_id=batch_id + 100 + n, image_ids=[1], pool="cpu")
+    job_id, batch_id = _job_behind_three_messages(ledger, app)
     now = utcnow()
     with ledger.sessions() as s, s.begin():
         node = register_worker(s, WorkerIdentity(ROLE_NODE, "cpu@h", "h", "h/1", 10, "cpu"), now)
