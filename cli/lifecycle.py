@@ -23,8 +23,9 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print one JS
 def cancel(job: int, as_json: bool) -> None:
     """Cancel a job: its pending images end cancelled.
 
-    Batches still queued find nothing to do; a scan still going on stops adding to the job. Images
-    already finished keep their results. A later --only-new or scheduled run takes the cancelled ones.
+    Batches still queued find nothing to do, and one being written writes nothing; a scan still going on
+    stops adding to the job. Images already finished keep their results. A later --only-new or scheduled
+    run takes the cancelled ones.
     """
     with ledger(load_settings()) as led, led.sessions() as session, session.begin():
         if get_job(session, job) is None:

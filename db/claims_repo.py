@@ -9,16 +9,16 @@ from datetime import datetime
 from sqlalchemy import Update, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Image, WorkerRecord, as_utc, table_of
+from db.models import Image, Job, WorkerRecord, as_utc, status_as_read, table_of
 from db.workers_repo import LOST, close_worker, set_current_batch, workers_by_id
 from detq.vocabulary import ImageStatus
 
 # Every batch runs these: built once, their compiled form cached by SQLAlchemy, they cost about half the
 # CPU time of the same statements built at each call (docs/benchmarks.md: "A batch's statements built once").
-_IMAGES = table_of(Image)
+_IMAGES, _JOBS = table_of(Image), table_of(Job)
 _BATCH_IMAGES = (
     select(
-        _IMAGES.c.status,
+        status_as_read(),
         _IMAGES.c.id,
         _IMAGES.c.job_id,
         _IMAGES.c.path,
@@ -30,6 +30,7 @@ _BATCH_IMAGES = (
     # By the ids alone, the job checked here: with the job in the WHERE clause, PostgreSQL with no
     # statistics on a fresh job combined the (job_id, status) index with the ids and read every pending row
     # of the job (db/images_repo.py, _LOCK_PENDING).
+    .join(_JOBS, _JOBS.c.id == _IMAGES.c.job_id)  # a cancelled job's pending images read cancelled
     .where(_IMAGES.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_IMAGES.c.id)
 )

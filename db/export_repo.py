@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import NamedTuple
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
-from db.models import Detection, Image
+from db.models import CANCELLED_REASON, Detection, Image, Job
+from detq.vocabulary import ImageStatus
 
 
 class Box(NamedTuple):
@@ -54,6 +57,28 @@ def _grouped(
     return found
 
 
+def _cancelled_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, datetime | None]:
+    """Of these jobs, the cancelled ones, with when they finished."""
+    rows = session.execute(
+        select(Job.id, Job.finished_at).where(
+            Job.id.in_(sorted(set(job_ids))), Job.closed_reason == CANCELLED_REASON
+        )
+    ).tuples()
+    return dict(rows.all())
+
+
+def _as_read(images: Sequence[Image], cancelled: dict[int, datetime | None]) -> None:
+    """A cancelled job's pending images as every reader takes them (db.models.status_as_read): cancelled,
+    finished with their job. Set as loaded, not as a change: nothing is written back."""
+    if not cancelled:
+        return
+    for image in images:
+        if image.status == ImageStatus.PENDING.value and image.job_id in cancelled:
+            set_committed_value(image, "status", ImageStatus.CANCELLED.value)
+            set_committed_value(image, "reason", CANCELLED_REASON)
+            set_committed_value(image, "finished_at", cancelled[image.job_id])
+
+
 def iter_ledger(
     session: Session, job_id: int, chunk: int = 1000, *, boxes: bool = True
 ) -> Iterator[tuple[Image, list[Box]]]:
@@ -63,6 +88,7 @@ def iter_ledger(
     an image took an export to 400 MB)."""
     if chunk < 1:
         raise ValueError(f"chunk must be positive, not {chunk}")
+    cancelled = _cancelled_jobs(session, [job_id])
     after: int | None = None
     while True:
         query = select(Image).where(Image.job_id == job_id).order_by(Image.id).limit(chunk)
@@ -71,6 +97,7 @@ def iter_ledger(
         images = list(session.scalars(query))
         if not images:
             return
+        _as_read(images, cancelled)
         first, last = images[0].id, images[-1].id
         if boxes:
             yield from _with_boxes(session, images, first, last)
@@ -119,6 +146,7 @@ def images_with_boxes(
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
         images = {image.id: image for image in session.scalars(select(Image).where(Image.id.in_(part)))}
+        _as_read(list(images.values()), _cancelled_jobs(session, [i.job_id for i in images.values()]))
         found = boxes_of(session, part, chunk)
         for image_id in part:
             if (image := images.get(image_id)) is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db.models import Image, Job
+from db.models import Image, Job, status_as_read
 from detq.vocabulary import ImageStatus
 
 
@@ -25,13 +25,13 @@ class PastOutcome:
 def past_outcomes(
     session: Session, model_id: int, settings_key: str, paths: Sequence[str]
 ) -> dict[str, list[PastOutcome]]:
-    """Every earlier image row of these paths in jobs of this model at these settings (their key): one
-    query on uq_images_path_job."""
+    """Every earlier image row of these paths in jobs of this model at these settings (their key), its
+    status as read (a cancelled job's pending rows: cancelled): one query on uq_images_path_job."""
     if not paths:
         return {}
     found: dict[str, list[PastOutcome]] = defaultdict(list)
     rows = session.execute(
-        select(Image.path, Image.size_bytes, Image.mtime, Image.status)
+        select(Image.path, Image.size_bytes, Image.mtime, status_as_read())
         .join(Job, Job.id == Image.job_id)
         .where(Job.model_id == model_id, Job.settings_key == settings_key, Image.path.in_(list(paths)))
     ).tuples()
@@ -60,7 +60,9 @@ def latest_image_ids(
     rank = {job_id: index for index, job_id in enumerate(job_ids)}  # job_ids newest first
     best: dict[str, tuple[tuple[bool, int], int]] = {}
     rows = session.execute(
-        select(Image.path, Image.status, Image.job_id, Image.id).where(Image.job_id.in_(list(job_ids)))
+        select(Image.path, status_as_read(), Image.job_id, Image.id)
+        .join(Job, Job.id == Image.job_id)
+        .where(Image.job_id.in_(list(job_ids)))
     ).tuples()
     for path, status, job_id, image_id in rows:
         if wanted is not None and path not in wanted:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from db.bulk import insert_rows, next_ids
 from db.job_counts_repo import count_recorded, move_counts
 from db.jobs_repo import close_job_if_complete
-from db.models import Detection, Image, table_of, utcnow
+from db.models import CANCELLED_REASON, Detection, Image, Job, table_of, utcnow
 from detq.vocabulary import TERMINAL_STATUSES, ImageStatus
 
 
@@ -141,6 +141,15 @@ _LOCK_PENDING = (
     .order_by(_IMAGES.c.id)
     .with_for_update()
 )
+# The job, read under a lock a cancel's (FOR UPDATE) waits for and that waits for a cancel: a batch written
+# after a cancel commits sees it; one written before is counted by it. KEY SHARE, the weakest, so batches
+# of one job do not wait for each other here, and the counters' update later (FOR NO KEY UPDATE) does not
+# conflict with another batch's hold of it.
+_JOB_CLOSED_AS = (
+    select(table_of(Job).c.closed_reason)
+    .where(table_of(Job).c.id == bindparam("job_id"))
+    .with_for_update(read=True, key_share=True)  # FOR KEY SHARE (key_share alone: FOR NO KEY UPDATE)
+)
 _FINALISE = (
     update(_IMAGES)
     .where(_IMAGES.c.id == bindparam("image_id"))
@@ -174,13 +183,15 @@ def finalise_results(
     Only images still pending, locked first, move to their terminal state and get detections, so a batch
     delivered twice, or raced by two workers, writes each image's detections once and never overwrites a
     terminal state. Rows are locked in id order so that two transactions over overlapping batches lock them
-    in the same order, not deadlock. One round trip per step: the locking SELECT, the UPDATEs (executemany),
-    the detections (COPY on PostgreSQL).
+    in the same order, not deadlock. A cancelled job's images are not written. One round trip per step: the
+    job read, the locking SELECT, the UPDATEs (executemany), the detections (COPY on PostgreSQL).
     """
     for result in results:
         if result.status not in TERMINAL_STATUSES:
             raise ValueError(f"image {result.image_id}: a result must be terminal, not {result.status!r}")
     now = now or utcnow()
+    if session.scalar(_JOB_CLOSED_AS, {"job_id": job_id}) == CANCELLED_REASON:
+        return set()  # its pending images read cancelled, and are counted so (db/jobs_repo.py, cancel_job)
     ordered = sorted(results, key=lambda r: r.image_id)
     # Lock the images still pending, in id order; a racing transaction waits here and, once the first
     # commits, finds them terminal (PostgreSQL re-checks the WHERE of a FOR UPDATE on the new row version).

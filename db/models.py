@@ -8,6 +8,7 @@ from typing import Any, cast
 from sqlalchemy import (
     JSON,
     BigInteger,
+    ColumnElement,
     DateTime,
     Float,
     ForeignKey,
@@ -17,6 +18,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    and_,
+    case,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -145,6 +148,23 @@ class Image(Base):
     batch_id: Mapped[int | None] = mapped_column(BigInteger)
     claimed_by: Mapped[int | None] = mapped_column(BigInteger)
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+# Why a job was closed by `detq cancel` (db/jobs_repo.py, cancel_job).
+CANCELLED_REASON = "cancelled"
+
+
+def status_as_read() -> ColumnElement[str]:
+    """An image's status as every reader takes it, in a query joined to its job: a pending image of a
+    cancelled job reads cancelled. A cancel writes the job and its counters at once and leaves a million
+    pending rows to the reconciler, a chunk a pass (db/jobs_repo.py, write_cancelled_rows)."""
+    return case(
+        (
+            and_(Image.status == ImageStatus.PENDING.value, Job.closed_reason == CANCELLED_REASON),
+            ImageStatus.CANCELLED.value,
+        ),
+        else_=Image.status,
+    )
 
 
 class Batch(Base):

@@ -1,8 +1,10 @@
-"""One pass of the reconciler: close what died, give back what it held, send again what no copy delivers."""
+"""One pass of the reconciler: close what died, give back what it held, send again what no copy delivers;
+and write a chunk of the rows a cancel left (db/jobs_repo.py, write_cancelled_rows)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,6 +23,7 @@ from db.batches_repo import (
 )
 from db.clock import ledger_now
 from db.enqueue_repo import PRODUCER_GONE_REASON, close_stale_enqueue, stale_enqueues
+from db.jobs_repo import CANCELLED_ROWS_AT_ONCE, write_cancelled_rows
 from db.ledger import Ledger
 from db.models import WorkerRecord, as_utc
 from db.retry import in_transaction
@@ -47,6 +50,7 @@ class ReconcileReport:
     waiting: int = 0  # batches missing, within their grace period
     backups: int = 0  # copies sent at a queue's tail for idle workers
     deep_queues: list[str] = field(default_factory=list)  # over the read limit: their batches not looked at
+    cancelled_rows: int = 0  # pending rows of cancelled jobs written cancelled (db/jobs_repo.py)
 
     @property
     def acted(self) -> bool:
@@ -89,6 +93,21 @@ def _close_dead(ledger: Ledger, settings: Settings, now: datetime, report: Recon
         )
         report.closed_jobs.append(job_id)
     return lost_held
+
+
+CANCELLED_ROWS_S = 1.0  # a pass writes cancelled jobs' rows for about this long at most
+
+
+def _write_cancelled_rows(ledger: Ledger) -> int:
+    """Write the rows cancels left pending, a chunk a transaction, for about CANCELLED_ROWS_S: a million
+    take a few minutes of passes, and no pass is held up by them for long."""
+    began, written = time.monotonic(), 0
+    while time.monotonic() - began < CANCELLED_ROWS_S:
+        chunk = in_transaction(ledger.sessions, write_cancelled_rows)
+        written += chunk
+        if chunk < CANCELLED_ROWS_AT_ONCE:
+            break
+    return written
 
 
 def _batch_unbatched(ledger: Ledger, batch: OpenBatch, now: datetime) -> list[OpenBatch]:
@@ -158,6 +177,7 @@ def reconcile(
     grace = settings.missing_grace_s if grace_s is None else grace_s
     report = ReconcileReport()
     lost_held = _close_dead(ledger, settings, now, report)
+    report.cancelled_rows = _write_cancelled_rows(ledger)
     deep, empty = (
         unread_queues(app, settings, read_limit) if read_limit is not None else (frozenset(), frozenset())
     )

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from db.clock import ledger_now
 from db.job_counts_repo import JobCounts, job_snapshot
-from db.jobs_repo import CANCELLED_REASON, latest_job_id
-from db.models import Job, as_utc
+from db.jobs_repo import latest_job_id
+from db.models import CANCELLED_REASON, Job, as_utc
 from detq.display import visible
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULT_KEY, InferenceSettings

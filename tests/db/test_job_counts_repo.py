@@ -11,18 +11,23 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.images_repo import ImageResult, NewImage, finalise_results, insert_batched_images, insert_images
 from db.job_counts_repo import JobCounts, job_counts, job_snapshot, run_activity
-from db.jobs_repo import cancel_job
-from db.models import Detection, Image, utcnow
+from db.jobs_repo import cancel_job, write_cancelled_rows
+from db.models import Detection, Image, Job, status_as_read, utcnow
 from detq.vocabulary import ImageStatus
 from tests.ledger_support import done_results, pending_job, sql_sent
 
 Factory = sessionmaker[Session]
 
 
-def _scanned(session: Session, job_id: int) -> JobCounts:
-    """The job's counts as the rows say: its images by status, its detections (what the counters keep)."""
+def _scanned(session: Session, job_id: int, *, as_read: bool = True) -> JobCounts:
+    """The job's counts as the rows say: its images by status (as read: a cancelled job's pending rows
+    are cancelled; or as written), its detections (what the counters keep)."""
+    status = status_as_read() if as_read else Image.status
     rows = session.execute(
-        select(Image.status, func.count()).where(Image.job_id == job_id).group_by(Image.status)
+        select(status, func.count())
+        .join(Job, Job.id == Image.job_id)
+        .where(Image.job_id == job_id)
+        .group_by(status)
     ).tuples()
     by_status = {str(status): int(count) for status, count in rows}
     boxes = session.scalar(
@@ -86,9 +91,16 @@ def test_the_counters_say_what_the_rows_say_after_every_kind_of_write(factory: F
     with factory() as session:
         seen.append((job_counts(session, job_id), _scanned(session, job_id)))
         snapshot = job_snapshot(session, job_id)
-    # Then after each, the counters were what the rows say
+        left_pending = _scanned(session, job_id, as_read=False).pending
+    # And the reconciler writes the rows the cancel left
+    with factory() as session, session.begin():
+        written = write_cancelled_rows(session)
+    with factory() as session:
+        seen.append((job_counts(session, job_id), _scanned(session, job_id, as_read=False)))
+    # Then after each, the counters were what the rows say: as read, and once written, as written
     for counted, scanned in seen:
         assert counted == scanned
+    assert (left_pending, written) == (4, 4)
     assert seen[-1][0] == JobCounts(
         total=10, pending=0, done=2, failed=1, rejected=3, cancelled=4, detections=8
     )

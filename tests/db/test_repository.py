@@ -429,8 +429,8 @@ def test_iter_ledger_returns_every_image_with_its_detections(factory: Factory, e
     assert ledger[0][1] == [(fx.image_ids[0], 0), (fx.image_ids[0], 1), (fx.image_ids[0], 2)]
     assert ledger[3][1] == [(fx.image_ids[3], 0)]
     assert [dets for _, dets in ledger][1:3] == [[], []]
-    # Two queries per chunk of 2 (and a last, short chunk), not one per image
-    assert len([sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]) == 6
+    # Two queries per chunk of 2 (and a last, short chunk) and one of the job, not one per image
+    assert len([sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]) == 7
 
 
 def test_iter_ledger_streams_each_images_boxes_past_another_jobs_in_the_same_id_range(

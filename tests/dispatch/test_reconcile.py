@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import Celery
+from sqlalchemy import select
 
 from db.batches_repo import mark_sent
 from db.enqueue_repo import touch_enqueue
-from db.jobs_repo import get_job
+from db.jobs_repo import cancel_job, get_job
 from db.ledger import Ledger
-from db.models import WorkerRecord, utcnow
+from db.models import Image, WorkerRecord, utcnow
 from db.workers_repo import ROLE_NODE, Beat, WorkerIdentity, beat, register_worker
 from detq.contract import task_id_for
 from detq.settings import Settings
@@ -156,3 +157,20 @@ def test_a_batch_a_lost_node_held_is_sent_again_however_deep_its_queue(
     # And once sent, the next pass (which cannot see it queued) leaves it alone
     later = dead + timedelta(seconds=3 * settings.missing_grace_s)
     assert reconcile(ledger, app, settings, now=later, read_limit=2).resent_batches == 0
+
+
+def test_a_cancelled_jobs_batch_is_never_sent_again_and_its_rows_are_written_cancelled(
+    ledger: Ledger, app: Celery, settings: Settings
+) -> None:
+    # Given a batch whose message never reached the broker, of a job then cancelled
+    job_id, batch_id = job_with_batch(ledger)
+    with ledger.sessions() as s, s.begin():
+        assert cancel_job(s, job_id, utcnow()) == 3
+    # When the reconciler passes, past the batch's grace
+    report = reconcile(ledger, app, settings, now=utcnow() + timedelta(hours=1))
+    # Then nothing is sent, and the job's rows the cancel left pending are written cancelled
+    assert (report.resent_batches, report.waiting, report.cancelled_rows) == (0, 0, 3)
+    assert _queued(app, settings) == set()
+    with ledger.reads() as s:
+        statuses = s.scalars(select(Image.status).where(Image.job_id == job_id)).all()
+    assert statuses == ["cancelled"] * 3

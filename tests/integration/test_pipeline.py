@@ -4,6 +4,7 @@ redelivered batches, on the embedded default and on Redis with PostgreSQL."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from demo.shapes import load_ground_truth, write_dataset
 from detq.celery_app import make_celery_app
 from detq.contract import TASK_PROCESS_BATCH
 from detq.settings import Settings
+from tests.integration.faults import FAST_HEALING, digests, save_slow_model, wait_until, write_images
 from tests.integration.harness import LOADED_MARK, Deployment, running_worker
 
 pytestmark = pytest.mark.integration
@@ -157,3 +159,51 @@ def test_requeue_resends_only_pending_images(embedded: Deployment, tmp_path: Pat
     # Then every image finished exactly once
     assert embedded.run_json("status", str(job))["done"] == 5
     assert embedded.run_json("requeue", str(job))["images"] == 0
+
+
+def _rows_pending(deployment: Deployment, job_id: int) -> int:
+    engine = sa.create_engine(_database_url(deployment).replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as conn:
+            query = "select count(*) from images where job_id = :job and status = 'pending'"
+            return int(conn.execute(sa.text(query), {"job": job_id}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_a_job_cancelled_while_a_worker_runs_it_ends_with_each_image_once(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # Given a job of 48 images of about 0.1 s each running on a worker of two processes
+    deployment.extra.update(FAST_HEALING)  # a reconciler pass every 2 s
+    deployment.model = save_slow_model(tmp_path / "slow.pt", 100)
+    images = write_images(tmp_path / "in", 48)
+    before = digests(images)
+    with running_worker(deployment, concurrency=2) as worker:
+        job_id = deployment.run_json("enqueue", str(tmp_path / "in"), "--batch-size", "4")["job_id"]
+        wait_until(lambda: deployment.job_status(job_id)["done"] >= 4, 120, "4 images done")
+        # When it is cancelled
+        cancelled = deployment.run_json("cancel", str(job_id))["cancelled"]
+        status = deployment.job_status(job_id)
+        # Then it is cancelled at once, and the worker takes no more of its images: the batches it was on
+        # write nothing, the others find nothing to do
+        assert (status["state"], status["pending"], status["cancelled"]) == ("cancelled", 0, cancelled)
+        batch_lines = re.compile(rf"job {job_id}: batch of (\d+): ")
+
+        def taken() -> int:  # images of the batches it finished (the queue's tail is cut in smaller ones)
+            return sum(int(size) for size in batch_lines.findall(worker.log()))
+
+        wait_until(lambda: taken() >= 48, 120, "all its batches taken")
+        # And the reconciler writes the rows the cancel left
+        wait_until(lambda: _rows_pending(deployment, job_id) == 0, 60, "its rows written cancelled")
+        assert worker.proc.poll() is None
+    # And each image ended once: done with its box as counted then, or cancelled with no box
+    rows = _ledger(deployment, job_id)
+    assert sorted(row["path"] for row in rows) == sorted(str(p) for p in images)
+    done = [row for row in rows if row["status"] == "done"]
+    assert {row["status"] for row in rows} <= {"done", "cancelled"} and 4 <= len(done) == status["done"]
+    assert all(len(row["detections"]) == 1 for row in done)
+    assert all(row["reason"] == "cancelled" and not row["detections"] for row in rows if row not in done)
+    assert deployment.job_status(job_id) == status
+    assert _duplicate_detection_count(deployment) == 0
+    assert digests(images) == before
