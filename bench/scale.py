@@ -63,33 +63,33 @@ def _images_done(deployment: Deployment, job_id: int) -> int:
     """The job's images done: an index range as long as the count (never the pending ones)."""
     from sqlalchemy import func, select
 
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from db.models import Image
 
-    with ledger(_settings(deployment), check_schema=False) as led, led.reads() as session:
+    with open_ledger(_settings(deployment), check_schema=False) as led, led.reads() as session:
         done = select(func.count()).select_from(Image).where(Image.job_id == job_id, Image.status == "done")
         return int(session.scalar(done) or 0)
 
 
 def _reconciler_pass_s(deployment: Deployment, read_limit: int | None) -> float:
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from detq.celery_app import make_celery_app
     from dispatch.reconcile import reconcile
 
     settings = _settings(deployment)
     app = make_celery_app(settings)
     try:
-        with ledger(settings, check_schema=False) as led:
+        with open_ledger(settings, check_schema=False) as led:
             return _median_s(lambda: reconcile(led, app, settings, read_limit=read_limit))
     finally:
         app.close()
 
 
 def _status_s(deployment: Deployment, job_id: int) -> float:
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from producer.status import job_status
 
-    with ledger(_settings(deployment), check_schema=False) as led:
+    with open_ledger(_settings(deployment), check_schema=False) as led:
 
         def read() -> None:
             with led.reads() as session:

@@ -12,7 +12,7 @@ from click.shell_completion import get_completion_class
 
 from cli.base import DetqCommand, DetqGroup, examples, load_settings
 from cli.output import print_json
-from db.ledger import ledger
+from db.ledger import open_ledger
 from db.migrate import current_revision, head_revision, upgrade
 from detq.host import python_command
 
@@ -33,7 +33,7 @@ def db_upgrade(as_json: bool) -> None:
 
     Once per release, from any machine; the embedded SQLite default migrates itself.
     """
-    with ledger(load_settings(), check_schema=False) as led:
+    with open_ledger(load_settings(), check_schema=False) as led:
         upgrade(led.engine)
         revision = current_revision(led.engine)
     if as_json:
@@ -46,7 +46,7 @@ def db_upgrade(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def db_current(as_json: bool) -> None:
     """Print the database's schema revision."""
-    with ledger(load_settings(), check_schema=False) as led:
+    with open_ledger(load_settings(), check_schema=False) as led:
         revision = current_revision(led.engine)
     head = head_revision()
     if as_json:

@@ -12,7 +12,7 @@ from db.job_counts_repo import top_reasons
 from db.jobs_repo import get_job
 from db.ledger import Ledger
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.fleet import fleet, listening_pools
 from producer.progress import summary_lines, wait_with_progress
 from producer.status import JobNotFound, JobStatus, job_status
@@ -30,12 +30,12 @@ def no_worker_hint(ledger: Ledger, settings: Settings, pool: str) -> Callable[[]
             listening = listening_pools(
                 fleet(session, ledger_now(session), timeout_s=settings.worker_timeout)
             )
-        if listening if pool == Pool.ANY else pool in listening:
+        if listening if pool == JobPool.ANY else pool in listening:
             return None
         full = full_ledger_disk(settings)
         if full is not None:
             return full
-        start = "cpu" if pool in (Pool.ANY, Pool.CPU) else "gpu"
+        start = "cpu" if pool in (JobPool.ANY, JobPool.CPU) else "gpu"
         return f"no worker is listening on queue {pool}: start one with `detq worker --pool {start}`"
 
     return hint

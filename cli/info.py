@@ -15,7 +15,7 @@ from kombu.utils.url import maybe_sanitize_url
 from cli.base import DetqCommand, examples, load_settings
 from cli.output import print_json, table
 from db.clock import ledger_now
-from db.ledger import ledger
+from db.ledger import open_ledger
 from db.migrate import current_revision, head_revision
 from detq import __version__
 from detq.celery_app import make_celery_app
@@ -60,7 +60,7 @@ def _describe(settings: Settings) -> dict[str, Any]:
         "settings_file": str(env_file) if env_file.is_file() else None,
         "variables_set": sorted(name for name in os.environ if name.startswith("DETQ_")),
     }
-    with ledger(settings, check_schema=False) as led:
+    with open_ledger(settings, check_schema=False) as led:
         current, needed = current_revision(led.engine), head_revision()
         info["schema"] = {"current": current, "needed": needed}
         views: list[WorkerView] = []
@@ -157,7 +157,7 @@ def _set_aside_line(found: dict[str, Any]) -> str:
 def workers(show_all: bool, check: bool, as_json: bool) -> None:
     """The fleet from its heartbeats: nodes and pool processes, device, model, rate, last seen."""
     settings = load_settings()
-    with ledger(settings) as led, led.reads() as session:
+    with open_ledger(settings) as led, led.reads() as session:
         views = fleet(
             session, ledger_now(session), timeout_s=settings.worker_timeout, include_stopped=show_all
         )

@@ -13,12 +13,12 @@ from cli.output import print_json, table
 from db.clock import ledger_now
 from db.job_counts_repo import job_counts
 from db.jobs_repo import latest_job_id, list_jobs
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.celery_app import make_celery_app
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.display import visible
 from detq.inference_settings import InferenceSettings
-from detq.vocabulary import ExportFormat, Pool, choices
+from detq.vocabulary import ExportFormat, JobPool, choices
 from producer.enqueue import enqueue_folders
 from producer.export import PASSES, export_job
 from producer.files import write_atomically
@@ -57,8 +57,8 @@ def _scan_progress(images: int, batches: int) -> None:
 )
 @click.option(
     "--pool",
-    type=click.Choice(choices(Pool)),
-    default=Pool.ANY.value,
+    type=click.Choice(choices(JobPool)),
+    default=JobPool.ANY.value,
     show_default=True,
     help="Which workers may take the job: the gpu pool, the cpu pool, or any.",
 )
@@ -103,13 +103,13 @@ def enqueue(
         raise click.UsageError("--force runs every file, --only-new only those not done: give one")
     settings = with_inference_flags(load_settings(), conf, classes, imgsz)
     show_scan = sys.stderr.isatty() and not as_json
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         result = enqueue_folders(
             led.sessions,
             make_celery_app(settings),
             roots=folders,
             model_path=model or settings.model,
-            pool=Pool(pool),
+            pool=JobPool(pool),
             batch_size=batch_size or settings.batch_size,
             recursive=not no_recursive,
             allowed_roots=settings.allowed_root_paths,
@@ -170,7 +170,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
     ended: 0 every image done, 4 finished with failures, 5 timed out.
     """
     settings = load_settings()
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         with led.reads() as session:
             job_id = job or latest_job_id(session)
         if job_id is None:
@@ -208,7 +208,7 @@ def status(job: int | None, as_json: bool, wait: bool, timeout: float | None) ->
 @JSON_OPTION
 def jobs(limit: int, show_all: bool, as_json: bool) -> None:
     """Recent jobs with their state and counts."""
-    with ledger(load_settings()) as led, led.reads() as session:
+    with open_ledger(load_settings()) as led, led.reads() as session:
         listed = list_jobs(session, limit, hide_empty_runs=not show_all)
         now = ledger_now(session)  # one reading of the ledger's clock for every job listed
         statuses = [job_status(session, job.id, now=now) for job in listed]
@@ -281,7 +281,7 @@ def export(job: int | None, fmt: str, output: Path | None) -> None:
     With -o, the file is written beside its final name and renamed over it once complete.
     """
     export_format = ExportFormat(fmt)
-    with ledger(load_settings()) as led, led.reads() as session:
+    with open_ledger(load_settings()) as led, led.reads() as session:
         job = job_or_latest(session, job, said=lambda text: click.echo(text, err=True))
         if output is None:
             export_job(session, job, export_format, sys.stdout)
@@ -307,7 +307,7 @@ def requeue(job: int, as_json: bool) -> None:
     """
     settings = load_settings()
     app = make_celery_app(settings)
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         sent = requeue_missing(led, app, settings, job)
     app.close()
     if as_json:

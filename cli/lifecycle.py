@@ -10,7 +10,7 @@ from cli.base import DetqCommand, examples, load_settings
 from cli.output import print_json
 from db.clock import ledger_now
 from db.jobs_repo import cancel_job, delete_job, get_job
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.errors import DetqError
 from producer.status import JobNotFound
 
@@ -27,7 +27,7 @@ def cancel(job: int, as_json: bool) -> None:
     stops adding to the job. Images already finished keep their results. A later --only-new or scheduled
     run takes the cancelled ones.
     """
-    with ledger(load_settings()) as led, led.sessions() as session, session.begin():
+    with open_ledger(load_settings()) as led, led.sessions() as session, session.begin():
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         cancelled = cancel_job(session, job, ledger_now(session))
@@ -47,7 +47,7 @@ def delete(job: int, yes: bool, as_json: bool) -> None:
     Batches still queued for it are then refused by the workers, with a log line. Input files are
     never touched.
     """
-    with ledger(load_settings()) as led:
+    with open_ledger(load_settings()) as led:
         with led.reads() as session:
             found = get_job(session, job)
             if found is None:

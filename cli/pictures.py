@@ -10,7 +10,7 @@ from cli.base import DetqCommand, examples, load_settings
 from cli.output import print_json
 from db.export_repo import iter_ledger
 from db.jobs_repo import get_job
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.vocabulary import ImageStatus
 from producer.annotate import annotate
 from producer.files import write_atomically
@@ -35,7 +35,7 @@ def render(job: int, out: Path, limit: int | None, as_json: bool) -> None:
     are read only. Images moved away since the job ran are skipped.
     """
     written = skipped = 0
-    with ledger(load_settings()) as led, led.reads() as session:
+    with open_ledger(load_settings()) as led, led.reads() as session:
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")
         for image, detections in iter_ledger(session, job):
@@ -73,7 +73,7 @@ def report(job: int | None, output: Path) -> None:
     Thumbnails with boxes, boxes per class, a score histogram, throughput over time per worker and
     device, and the failures with their reasons; one file, nothing fetched when it opens.
     """
-    with ledger(load_settings()) as led, led.reads() as session:
+    with open_ledger(load_settings()) as led, led.reads() as session:
         job = job_or_latest(session, job, said=lambda text: click.echo(text, err=True))
         if get_job(session, job) is None:
             raise JobNotFound(f"no job {job}")

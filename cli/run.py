@@ -24,7 +24,7 @@ from db.clock import ledger_now
 from db.history_repo import jobs_over_roots
 from db.job_counts_repo import run_activity
 from db.jobs_repo import delete_job, get_or_create_model
-from db.ledger import Ledger, ledger
+from db.ledger import Ledger, open_ledger
 from db.models import ModelRecord
 from detq.celery_app import make_celery_app
 from detq.errors import DetqError
@@ -32,7 +32,7 @@ from detq.host import usable_cores
 from detq.inference_settings import InferenceSettings
 from detq.modelfile import file_sha256, read_embedded_meta
 from detq.settings import Settings
-from detq.vocabulary import Pool, WorkerPool
+from detq.vocabulary import JobPool, WorkerPool
 from dispatch.reconcile import reconcile
 from producer.enqueue import check_model_file, check_roots, enqueue_folders
 from producer.local_workers import LocalWorkers, LocalWorkersFailed
@@ -142,7 +142,7 @@ def run(
     # --timeout bounds the whole run: the workers' start, the scan and every job followed.
     deadline = None if timeout is None else time.monotonic() + timeout
     sha256 = file_sha256(settings.model)  # once: a detector file can be hundreds of MB
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         model_id = _model_id(led, settings.model, sha256)
         with led.reads() as session:
             began = ledger_now(session)  # what this run did is what finished since, by the ledger's clock
@@ -153,13 +153,13 @@ def run(
                         f"starting {processes or 'one per GPU'} {pool} worker processes here", err=True
                     )
                 helpers.start()  # they load the model while the folders are scanned
-            served = Pool(pool) if helpers is not None else None
+            served = JobPool(pool) if helpers is not None else None
             queued = _queue(
                 led,
                 settings,
                 (model_id, sha256, inference),
                 (roots, selection.files),
-                Pool(pool),
+                JobPool(pool),
                 (force, as_json, served),
             )
             unread, followed = queued.unreadable, queued.job_ids
@@ -277,8 +277,8 @@ def _queue(
     settings: Settings,
     model: tuple[int, str, InferenceSettings],
     selected: tuple[list[Path], list[Path] | None],
-    pool: Pool,
-    flags: tuple[bool, bool, Pool | None],
+    pool: JobPool,
+    flags: tuple[bool, bool, JobPool | None],
 ) -> Queued:
     """Send again what earlier runs over these folders at these settings left unsent, and queue what is
     new (every file, with force); selected: the roots, and the files of them given (None: all of them);
@@ -349,9 +349,9 @@ def _queue(
     )
 
 
-def _serves(served: Pool | None, pool: str) -> bool:
+def _serves(served: JobPool | None, pool: str) -> bool:
     """Whether workers of this run (of pool `served`; None: a fleet's, any pool) take a job of `pool`."""
-    return served is None or pool in (served.value, Pool.ANY.value)
+    return served is None or pool in (served.value, JobPool.ANY.value)
 
 
 def _start_visibly(helpers: LocalWorkers, deadline: float | None, *, quiet: bool) -> None:

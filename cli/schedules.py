@@ -9,7 +9,7 @@ import click
 
 from cli.base import EXIT_ERROR, DetqCommand, DetqGroup, examples, load_settings
 from cli.output import print_json, table
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.errors import DetqError
 from producer.scheduler.schedules import validate_schedules_file
 from producer.scheduler.sources import configured_schedules, describe_schedules
@@ -96,7 +96,7 @@ def runs(schedule_name: str | None, limit: int, as_json: bool) -> None:
 
     New, changed, retried and skipped files, how the images ended, and the duration.
     """
-    with ledger(load_settings()) as led, led.reads() as session:
+    with open_ledger(load_settings()) as led, led.reads() as session:
         summaries = run_summaries(session, schedule_name, limit)
     if as_json:
         print_json([r.as_dict() for r in summaries])

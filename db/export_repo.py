@@ -5,35 +5,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import NamedTuple
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from db.images_repo import DetectionRow
 from db.models import CANCELLED_REASON, Detection, Image, Job
 from detq.vocabulary import ImageStatus
-
-
-class Box(NamedTuple):
-    """One detection as the readers of results take it: a plain row, not an ORM object (an export of a
-    large job reads millions; building and tracking the objects took half of its time)."""
-
-    image_id: int
-    rank: int
-    label_id: int
-    label: str
-    score: float
-    x1: float
-    y1: float
-    x2: float
-    y2: float
-
 
 # In the detections' key order: an image's boxes are all of its job's model, so this is rank order.
 _BOXES = select(
     Detection.image_id,
-    Detection.rank,
     Detection.label_id,
     Detection.label,
     Detection.score,
@@ -48,12 +31,12 @@ _STREAMED_ROWS = 2000  # boxes fetched at a time by iter_ledger
 
 
 def _grouped(
-    session: Session, query: Select[int, int, int, str, float, float, float, float, float]
-) -> dict[int, list[Box]]:
-    found: dict[int, list[Box]] = defaultdict(list)
-    make = Box._make
+    session: Session, query: Select[int, int, str, float, float, float, float, float]
+) -> dict[int, list[DetectionRow]]:
+    found: dict[int, list[DetectionRow]] = defaultdict(list)
+    make = DetectionRow._make
     for row in session.execute(query):
-        found[row[0]].append(make(row))
+        found[row[0]].append(make(row[1:]))
     return found
 
 
@@ -81,7 +64,7 @@ def _as_read(images: Sequence[Image], cancelled: dict[int, datetime | None]) -> 
 
 def iter_ledger(
     session: Session, job_id: int, chunk: int = 1000, *, boxes: bool = True
-) -> Iterator[tuple[Image, list[Box]]]:
+) -> Iterator[tuple[Image, list[DetectionRow]]]:
     """Every image of the job by id with its boxes by rank (boxes=False: none read): a query of a chunk of
     images, keyset on id, and one of their boxes, streamed alongside them. Memory holds a chunk of images
     and one image's boxes, whatever the job's size or its boxes an image (read a chunk's boxes whole, 300
@@ -111,7 +94,7 @@ def iter_ledger(
 
 def _with_boxes(
     session: Session, images: list[Image], first: int, last: int
-) -> Iterator[tuple[Image, list[Box]]]:
+) -> Iterator[tuple[Image, list[DetectionRow]]]:
     """The images (by id) each with its boxes, from one streamed read of the boxes in their id range.
 
     The range runs along the detections' key, with no join on images: joined, SQLite walked every image of
@@ -123,14 +106,14 @@ def _with_boxes(
             yield_per=_STREAMED_ROWS
         )
     )
-    make = Box._make
+    make = DetectionRow._make
     try:
         row = next(rows, None)
         for image in images:
-            found: list[Box] = []
+            found: list[DetectionRow] = []
             while row is not None and row[0] <= image.id:
                 if row[0] == image.id:
-                    found.append(make(row))
+                    found.append(make(row[1:]))
                 row = next(rows, None)
             yield image, found
     finally:
@@ -139,7 +122,7 @@ def _with_boxes(
 
 def images_with_boxes(
     session: Session, image_ids: Sequence[int], chunk: int = 1000
-) -> Iterator[tuple[Image, list[Box]]]:
+) -> Iterator[tuple[Image, list[DetectionRow]]]:
     """These images, in the order given, each with its boxes by rank: two queries per chunk of ids. An id
     whose row is gone since it was listed (its job deleted meanwhile) is passed over."""
     ids = list(image_ids)
@@ -153,9 +136,9 @@ def images_with_boxes(
                 yield image, found.get(image_id, [])
 
 
-def boxes_of(session: Session, image_ids: Sequence[int], chunk: int = 1000) -> dict[int, list[Box]]:
+def boxes_of(session: Session, image_ids: Sequence[int], chunk: int = 1000) -> dict[int, list[DetectionRow]]:
     """The boxes of these images, by image id, in rank order."""
-    found: dict[int, list[Box]] = {}
+    found: dict[int, list[DetectionRow]] = {}
     ids = list(image_ids)
     for start in range(0, len(ids), chunk):
         found.update(_grouped(session, _BOXES.where(Detection.image_id.in_(ids[start : start + chunk]))))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -40,6 +38,13 @@ class Ledger:
         """Close every pooled connection."""
         self.engine.dispose()
 
+    def __enter__(self) -> Ledger:
+        """`with open_ledger(settings) as led, led.sessions() as s:` ... closed on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def open_ledger(settings: Settings, *, check_schema: bool = True, kept: int | None = None) -> Ledger:
     """The ledger of these settings; migrates the embedded SQLite default, checks PostgreSQL is migrated.
@@ -72,13 +77,3 @@ def open_ledger(settings: Settings, *, check_schema: bool = True, kept: int | No
     return Ledger(
         engine=engine, sessions=make_session_factory(engine), reads=make_session_factory(read_only(engine))
     )
-
-
-@contextmanager
-def ledger(settings: Settings, *, check_schema: bool = True) -> Iterator[Ledger]:
-    """`with ledger(settings) as led, led.sessions() as s:` ... the engine is disposed on exit."""
-    opened = open_ledger(settings, check_schema=check_schema)
-    try:
-        yield opened
-    finally:
-        opened.close()

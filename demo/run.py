@@ -12,13 +12,13 @@ from typing import Any, TextIO
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.export_repo import iter_ledger
-from db.ledger import ledger
+from db.ledger import open_ledger
 from demo.scoring import PredictedBox, precision_recall
 from demo.shapes import CLASSES, GroundTruthBox, load_ground_truth, write_dataset
 from detq.celery_app import make_celery_app
 from detq.host import usable_cores
 from detq.settings import Settings
-from detq.vocabulary import ImageStatus, Pool, WorkerPool
+from detq.vocabulary import ImageStatus, JobPool, WorkerPool
 from producer.annotate import annotate
 from producer.enqueue import enqueue_folders
 from producer.export import export_coco_results
@@ -45,7 +45,7 @@ def run_demo(
     truth_path = write_dataset(image_dir, images, seed)
     truth = load_ground_truth(truth_path)
 
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         code, summary = _run(settings, led.sessions, processes, image_dir, truth, out_dir, annotated_dir, say)
     if as_json:
         print(json.dumps(summary))
@@ -74,7 +74,7 @@ def _run(
             make_celery_app(settings),
             roots=[image_dir],
             model_path=settings.model,
-            pool=Pool.CPU,
+            pool=JobPool.CPU,
             batch_size=settings.batch_size,
             worker_timeout_s=settings.worker_timeout,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from detq.vocabulary import Pool, WorkerPool
+from detq.vocabulary import JobPool, WorkerPool
 
 QUEUE_GPU = "gpu"
 QUEUE_CPU = "cpu"
@@ -37,10 +37,10 @@ def queues_of_worker_pool(pool: str) -> tuple[str, ...]:
         return ()
 
 
-def queue_for_pool(pool: Pool | str) -> str:
+def queue_for_pool(pool: JobPool | str) -> str:
     """The queue a job's tasks go to."""
     try:
-        return Pool(pool).value
+        return JobPool(pool).value
     except ValueError:
         raise ValueError(f"unknown pool {pool!r}: expected any, gpu or cpu") from None
 

@@ -26,7 +26,7 @@ from detq.setting_values import (
     text,
 )
 from detq.speedups import as_saved_values
-from detq.vocabulary import ModelFormat, Pool, Precision
+from detq.vocabulary import JobPool, ModelFormat, Precision
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "worker" / "assets" / "demo_detector.pt"
 
@@ -222,8 +222,8 @@ class Settings:
         None, read=optional(text()), doc="Cron of that schedule: 5 fields, or 6 with seconds first."
     )
     schedule_timezone: str = setting("UTC", read=text(), doc="Time zone the schedule's cron is read in.")
-    schedule_pool: Pool = setting(
-        Pool.ANY, read=choice(Pool), doc="Pool the environment schedule's runs go to."
+    schedule_pool: JobPool = setting(
+        JobPool.ANY, read=choice(JobPool), doc="Pool the environment schedule's runs go to."
     )
     max_retries: int = setting(
         2, read=integer(ge=0, le=100), doc="Later runs that retry an image that failed, before giving up."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 
-class Pool(enum.StrEnum):
+class JobPool(enum.StrEnum):
     """Where a job may run: the GPU pool, the CPU pool, or either (the `any` queue)."""
 
     ANY = "any"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from db.export_repo import Box
+from db.images_repo import DetectionRow
 
 # Distinct, readable on photos; a class keeps its colour across images and jobs.
 PALETTE = (
@@ -30,7 +30,7 @@ def colour_for(label_id: int) -> str:
 
 
 def annotate(
-    image_path: Path, detections: Sequence[Box], out_path: Path, max_side: int | None = None
+    image_path: Path, detections: Sequence[DetectionRow], out_path: Path, max_side: int | None = None
 ) -> bool:
     """Write a copy of the image (EXIF-upright, at its own resolution unless max_side caps it) with its
     detections drawn, in the format out_path's suffix names (JPEG where Pillow knows none). False where
@@ -49,7 +49,7 @@ def annotate(
     return True
 
 
-def annotated(image_path: Path, detections: Sequence[Box], max_side: int | None) -> Image.Image:
+def annotated(image_path: Path, detections: Sequence[DetectionRow], max_side: int | None) -> Image.Image:
     """The image, EXIF-upright (at most max_side where given), with its detections drawn: lines and labels
     sized to the picture (a 4000x3000 photo's text about 40 px high)."""
     with Image.open(image_path) as opened:

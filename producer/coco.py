@@ -9,11 +9,12 @@ from typing import Any, TextIO
 
 from sqlalchemy.orm import Session
 
-from db.export_repo import Box, label_names
+from db.export_repo import label_names
+from db.images_repo import DetectionRow
 from db.models import Image, ModelRecord
 
 
-def coco_result(image_id: int, det: Box) -> dict[str, Any]:
+def coco_result(image_id: int, det: DetectionRow) -> dict[str, Any]:
     """One detection as a COCO result: image_id, category_id, bbox [x, y, w, h], score."""
     w, h = det.x2 - det.x1, det.y2 - det.y1
     return {
@@ -29,7 +30,7 @@ def coco_image(image: Image) -> dict[str, Any]:
     return {"id": image.id, "file_name": image.path, "width": image.width, "height": image.height}
 
 
-def coco_annotation(image_id: int, det: Box, number: int) -> dict[str, Any]:
+def coco_annotation(image_id: int, det: DetectionRow, number: int) -> dict[str, Any]:
     """One detection as the dataset's annotation `number`: the result's fields, area and iscrowd."""
     entry = coco_result(image_id, det)
     _, _, w, h = entry["bbox"]
@@ -82,7 +83,7 @@ class CocoDatasetWriter:
         self._out.write((", " if self.images else "") + dumps(coco_image(image)))
         self.images += 1
 
-    def add_boxes(self, image_id: int, boxes: Sequence[Box]) -> None:
+    def add_boxes(self, image_id: int, boxes: Sequence[DetectionRow]) -> None:
         """The image's boxes as annotations numbered on from 1: into the spool while images are still
         being added, else straight to the document."""
         if self._images_open and self._spool is None:

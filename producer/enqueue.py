@@ -21,7 +21,7 @@ from detq.contract import check_batch_size, queue_for_pool
 from detq.errors import DetqError
 from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.modelfile import file_sha256, identify_model_file, read_embedded_meta
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from dispatch.send import broker_error_reason, check_broker
 from producer.enqueue_watch import EnqueueWatch
 from producer.fleet import processes_on_queue
@@ -100,7 +100,7 @@ def enqueue_folders(
     *,
     roots: Sequence[Path],
     model_path: Path,
-    pool: Pool,
+    pool: JobPool,
     batch_size: int,
     recursive: bool = True,
     allowed_roots: Sequence[Path] = (),
@@ -293,7 +293,7 @@ def _record_unqueued_run(
     model_path: Path,
     model_sha256: str | None,
     run_key: RunKey,
-    job: tuple[Sequence[Path], Pool, int, InferenceSettings],
+    job: tuple[Sequence[Path], JobPool, int, InferenceSettings],
     error: EnqueueError,
 ) -> None:
     """The scheduled run's job, closed at once with the reason it could not start (a share not mounted

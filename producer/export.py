@@ -9,7 +9,8 @@ from typing import Any, TextIO, TypeVar
 
 from sqlalchemy.orm import Session
 
-from db.export_repo import Box, iter_ledger
+from db.export_repo import iter_ledger
+from db.images_repo import DetectionRow
 from db.jobs_repo import get_job
 from db.models import Image
 from detq.vocabulary import ExportFormat, ImageStatus
@@ -21,7 +22,7 @@ T = TypeVar("T")
 CSV_COLUMNS = ("job_id", "image_id", "path", "label_id", "label", "score", "x1", "y1", "x2", "y2")
 
 
-def _detection_dict(det: Box) -> dict[str, Any]:
+def _detection_dict(det: DetectionRow) -> dict[str, Any]:
     return {
         "label": det.label,
         "label_id": det.label_id,
@@ -30,7 +31,7 @@ def _detection_dict(det: Box) -> dict[str, Any]:
     }
 
 
-def image_record(image: Image, detections: list[Box]) -> dict[str, Any]:
+def image_record(image: Image, detections: list[DetectionRow]) -> dict[str, Any]:
     """The per-image ledger line of the jsonl export."""
     return {
         "image_id": image.id,

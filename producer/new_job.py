@@ -12,7 +12,7 @@ from db.enqueue_repo import open_enqueue
 from db.jobs_repo import create_job, get_or_create_model
 from db.schedules_repo import RunKey, claim_run
 from detq.inference_settings import InferenceSettings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.unqueued_run import RunAlreadyClaimed
 
 
@@ -22,7 +22,7 @@ def create_enqueue_job(
     sha256: str,
     meta: dict[str, object],
     roots: Sequence[Path],
-    pool: Pool,
+    pool: JobPool,
     batch_size: int,
     run_key: RunKey | None,
     settings: InferenceSettings,

@@ -29,7 +29,8 @@ from typing import TextIO
 
 from sqlalchemy.orm import Session
 
-from db.export_repo import Box, iter_ledger
+from db.export_repo import iter_ledger
+from db.images_repo import DetectionRow
 from db.models import Image, as_utc
 from db.report_repo import job_model_file
 from detq.vocabulary import ImageStatus
@@ -229,7 +230,7 @@ class ReportPage:
     def __post_init__(self) -> None:
         self._lines = tempfile.SpooledTemporaryFile(max_size=8 << 20, mode="w+", encoding="utf-8")
 
-    def add(self, image: Image, boxes: Sequence[Box], copy: Path | None = None) -> None:
+    def add(self, image: Image, boxes: Sequence[DetectionRow], copy: Path | None = None) -> None:
         """One image's row of the list, and its part of the counts, charts and failures."""
         self.images += 1
         self.statuses[image.status] += 1
@@ -279,7 +280,7 @@ class ReportPage:
             return image.path
         return f"{Path(root).name}/{relative}" if len(self.roots) > 1 else relative
 
-    def _thumbnail(self, image: Image, boxes: Sequence[Box]) -> None:
+    def _thumbnail(self, image: Image, boxes: Sequence[DetectionRow]) -> None:
         if len(self.thumbnails) >= THUMBNAILS or self.thumbnail_tries >= THUMBNAIL_TRIES:
             return
         self.thumbnail_tries += 1

@@ -16,7 +16,7 @@ from celery.signals import worker_ready
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.clock import measured_clock
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.celery_app import make_celery_app
 from detq.contract import QUEUE_CONTROL
 from detq.inference_settings import InferenceSettings
@@ -37,7 +37,7 @@ MAX_BEAT_INTERVAL_S = 1.0
 def run_scheduler(settings: Settings, schedules: Sequence[Schedule], *, loglevel: str) -> int:
     """Run until stopped; returns the process exit code. Never imports torch (tests assert it)."""
     reconciler = ReconcilerLoop(settings)  # heals the ledger here too, when it holds the lease
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         reconciler.start()
         try:
             return _serve(settings, schedules, led.sessions, loglevel=loglevel)

@@ -17,7 +17,7 @@ from pydantic_core.core_schema import ValidationInfo
 
 from detq.contract import MAX_BATCH_SIZE, MIN_BATCH_SIZE
 from detq.errors import DetqError
-from detq.vocabulary import Pool, choices
+from detq.vocabulary import JobPool, choices
 from producer.scheduler.cron import CronSpec
 from producer.scheduler.toml_lines import TableLines, locate_tables, toml_error
 
@@ -30,7 +30,7 @@ RULES = {
     "cron": "cron must be a string such as '0 2 * * *'",
     "timezone": "timezone must be a string such as 'Europe/Paris'",
     "model": "model must be the path of a model file",
-    "pool": f"pool must be one of {', '.join(choices(Pool))}",
+    "pool": f"pool must be one of {', '.join(choices(JobPool))}",
     "batch_size": f"batch_size must be an integer from {MIN_BATCH_SIZE} to {MAX_BATCH_SIZE}",
     "recursive": "recursive must be true or false",
 }
@@ -49,7 +49,7 @@ class Schedule:
     folders: tuple[Path, ...]
     cron: CronSpec
     model: Path | None = None  # None: DETQ_MODEL when the run starts
-    pool: Pool = Pool.ANY
+    pool: JobPool = JobPool.ANY
     batch_size: int | None = None  # None: DETQ_BATCH_SIZE
     recursive: bool = True
     line: int = 0  # where the [[schedule]] table starts in its file; 0 for the environment
@@ -88,7 +88,7 @@ class ScheduleTable(BaseModel):
     timezone: StrictStr = "UTC"
     cron: StrictStr
     model: NonEmptyStr | None = None
-    pool: Pool = Pool.ANY
+    pool: JobPool = JobPool.ANY
     batch_size: Annotated[StrictInt, Field(ge=MIN_BATCH_SIZE, le=MAX_BATCH_SIZE)] | None = None
     recursive: StrictBool = True
 
@@ -259,7 +259,7 @@ def _env_issue(error: ErrorDetails) -> ScheduleIssue:
 
 
 def schedule_from_environment(
-    *, name: str, folder: Path | None, cron: str | None, timezone: str, pool: Pool | str
+    *, name: str, folder: Path | None, cron: str | None, timezone: str, pool: JobPool | str
 ) -> Schedule | None:
     """The single-folder schedule of DETQ_SCHEDULE_*: None when neither folder nor cron is set."""
     if folder is None and not cron:

@@ -14,7 +14,7 @@ from db.jobs_repo import create_job, get_or_create_model
 from db.ledger import open_ledger
 from db.models import Image
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.taper import tapered_sizes
 
 
@@ -58,8 +58,8 @@ def test_first_claim_is_the_earliest_claim_of_the_job_in_the_ledger(tmp_path: Pa
     try:
         with ledger.sessions() as session, session.begin():
             model = get_or_create_model(session, sha256="0" * 64, path="m.pt", size_bytes=1, meta={})
-            jobs = [create_job(session, model_id=model.id, roots=["/r"], pool=Pool.CPU, batch_size=8)]
-            jobs.append(create_job(session, model_id=model.id, roots=["/r"], pool=Pool.CPU, batch_size=8))
+            jobs = [create_job(session, model_id=model.id, roots=["/r"], pool=JobPool.CPU, batch_size=8)]
+            jobs.append(create_job(session, model_id=model.id, roots=["/r"], pool=JobPool.CPU, batch_size=8))
             ids = insert_images(session, jobs[0].id, [NewImage(f"/r/{i}.jpg", 1, 0.0) for i in range(3)])
             other = insert_images(session, jobs[1].id, [NewImage("/r/x.jpg", 1, 0.0)])
             session.execute(update(Image).where(Image.id == ids[1]).values(claimed_at=first))

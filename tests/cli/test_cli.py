@@ -240,7 +240,7 @@ def test_a_folder_the_scan_cannot_read_is_named_and_fails_the_wait(
 def test_a_job_no_worker_can_take_says_how_to_start_one(
     embedded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from db.models import utcnow
     from db.workers_repo import ROLE_NODE, WorkerIdentity, register_worker
 
@@ -257,7 +257,7 @@ def test_a_job_no_worker_can_take_says_how_to_start_one(
     assert main(["status"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == hint
     # When a live cpu node beats in the ledger
-    with ledger(get_settings()) as led, led.sessions.begin() as session:
+    with open_ledger(get_settings()) as led, led.sessions.begin() as session:
         node = WorkerIdentity(ROLE_NODE, "w@host", "host", "key", os.getpid(), "cpu")
         register_worker(session, node, utcnow())
     # Then status gives no hint, and --json never carries one
@@ -389,7 +389,7 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
 
     from db.enqueue_repo import close_enqueue
     from db.jobs_repo import finish_enqueue, get_or_create_model
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from db.schedules_repo import RunKey, claim_run
 
     def nightly(s: Session, day: int, roots: list[str]) -> int:
@@ -399,7 +399,7 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
         assert run is not None
         return run
 
-    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+    with open_ledger(get_settings()) as led, led.sessions() as s, s.begin():
         run = nightly(s, 29, ["/d"])
         finish_enqueue(s, run, 0)
     assert main(["jobs", "--json"]) == 0
@@ -407,7 +407,7 @@ def test_jobs_hides_scheduled_runs_that_found_nothing_unless_all_but_not_runs_cl
     assert main(["jobs", "--all", "--json"]) == 0
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == [run]
     # A run closed early (its folder missing that night) queued nothing too, but is shown, with why
-    with ledger(get_settings()) as led, led.sessions() as s, s.begin():
+    with open_ledger(get_settings()) as led, led.sessions() as s, s.begin():
         closed = nightly(s, 30, ["/nas"])
         close_enqueue(s, closed, "nothing queued: not a folder: /nas", datetime.now(UTC))
     assert main(["jobs", "--json"]) == 0

@@ -420,10 +420,12 @@ def test_job_finishes_when_enqueue_completes_as_the_last_result_lands(
 def test_iter_ledger_returns_every_image_with_its_detections(factory: Factory, engine: sa.Engine) -> None:
     fx = make_job(factory, 5)
     make_job(factory, 2, prefix="other")
-    record(factory, fx, [done(fx.image_ids[0], n_boxes=3), done(fx.image_ids[3], n_boxes=1)])
+    # (each box labelled with its image's id, its x1 its rank: a box says whose it is and where it stands)
+    first, fourth = fx.image_ids[0], fx.image_ids[3]
+    record(factory, fx, [done(first, n_boxes=3, label_id=first), done(fourth, n_boxes=1, label_id=fourth)])
     with sql_sent(engine) as statements, factory() as s:
         ledger = [
-            (image.id, [(d.image_id, d.rank) for d in dets]) for image, dets in iter_ledger(s, fx.job_id, 2)
+            (image.id, [(d.label_id, d.x1) for d in dets]) for image, dets in iter_ledger(s, fx.job_id, 2)
         ]
     assert [image_id for image_id, _ in ledger] == fx.image_ids
     assert ledger[0][1] == [(fx.image_ids[0], 0), (fx.image_ids[0], 1), (fx.image_ids[0], 2)]
@@ -442,12 +444,13 @@ def test_iter_ledger_streams_each_images_boxes_past_another_jobs_in_the_same_id_
         for n in range(6):
             for fx, prefix in ((first, "a"), (second, "b")):
                 fx.image_ids.extend(insert_images(s, fx.job_id, [NewImage(f"/data/{prefix}{n}.jpg", 1, 1.0)]))
-    record(factory, first, [done(i, n_boxes=1 + k % 3) for k, i in enumerate(first.image_ids)])
-    record(factory, second, [done(i, n_boxes=4) for i in second.image_ids])
+    # (each box labelled with its image's id, its x1 its rank)
+    record(factory, first, [done(i, n_boxes=1 + k % 3, label_id=i) for k, i in enumerate(first.image_ids)])
+    record(factory, second, [done(i, n_boxes=4, label_id=i) for i in second.image_ids])
     # When the first job is read in chunks of four, and read again but left after its third image
     with factory() as s:
         read = [
-            (image.id, [(d.image_id, d.rank) for d in boxes])
+            (image.id, [(d.label_id, d.x1) for d in boxes])
             for image, boxes in iter_ledger(s, first.job_id, 4)
         ]
         stream = iter_ledger(s, first.job_id, 4)

@@ -13,7 +13,7 @@ from detq.contract import (
     queue_for_pool,
     queues_of_worker_pool,
 )
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 
 
 def test_ids_are_accepted() -> None:
@@ -56,7 +56,7 @@ def test_batch_sizes_outside_the_range_are_refused(size: int) -> None:
 
 
 def test_pools_map_to_their_queues() -> None:
-    assert [queue_for_pool(p) for p in Pool] == ["any", "gpu", "cpu"]
+    assert [queue_for_pool(p) for p in JobPool] == ["any", "gpu", "cpu"]
     with pytest.raises(ValueError, match="unknown pool"):
         queue_for_pool("tpu")
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from detq.setting_values import BadValue, Reader, boolean, choice, integer, number, optional, path, text
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 
 
 @pytest.mark.parametrize(
@@ -22,8 +22,8 @@ from detq.vocabulary import Pool
         (boolean, "TRUE", True),
         (boolean, "0", False),
         (boolean, 1, True),
-        (choice(Pool), "gpu", Pool.GPU),
-        (choice(Pool), Pool.CPU, Pool.CPU),
+        (choice(JobPool), "gpu", JobPool.GPU),
+        (choice(JobPool), JobPool.CPU, JobPool.CPU),
         (text(r"[a-f]+", "hex"), "abc", "abc"),
         (path, "~/x", Path("~/x")),
         (optional(integer()), None, None),
@@ -45,7 +45,7 @@ def test_readers_take_their_values(reader: Reader, value: Any, expected: Any) ->
         (number(), "nan", "must be a finite number, not nan"),
         (boolean, "maybe", "must be true or false, not 'maybe'"),
         (boolean, 2, "must be true or false, not 2"),
-        (choice(Pool), "tpu", "must be one of any, gpu, cpu, not 'tpu'"),
+        (choice(JobPool), "tpu", "must be one of any, gpu, cpu, not 'tpu'"),
         (text(r"[a-f]+", "hex"), "abz", "must be hex, not 'abz'"),
         (text(), 5, "must be text, not 5"),
         (path, "", "must be a path, not ''"),

@@ -12,7 +12,7 @@ import redis
 
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from dispatch import broker
 from dispatch.broker import read_broker
 from dispatch.send import send_batch
@@ -44,7 +44,7 @@ def test_a_redis_backlog_longer_than_a_page_is_read_whole(
     # Given 25 batches queued on Redis and pages of 10 messages
     settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
     app = make_celery_app(settings)
-    with ChunkSender(app, 1, Pool.CPU) as sender:
+    with ChunkSender(app, 1, JobPool.CPU) as sender:
         sender.submit([(b, [b]) for b in range(1, 26)])
         sender.finish()
     monkeypatch.setattr(broker, "LIST_PAGE", 10)
@@ -81,8 +81,8 @@ def test_the_task_id_read_in_place_is_the_one_in_the_parsed_message(redis_url: s
     # Given a batch message and a backup copy queued as detq sends them
     settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
     app = make_celery_app(settings)
-    send_batch(app, job_id=1, batch_id=7, image_ids=[1, 2], pool=Pool.CPU)
-    send_batch(app, job_id=1, batch_id=8, image_ids=[3], pool=Pool.CPU, backup=True)
+    send_batch(app, job_id=1, batch_id=7, image_ids=[1, 2], pool=JobPool.CPU)
+    send_batch(app, job_id=1, batch_id=8, image_ids=[3], pool=JobPool.CPU, backup=True)
     with app.connection_for_read() as connection:
         channel = connection.default_channel
         raws = channel.client.lrange(channel._q_for_pri("cpu", 0), 0, -1)
@@ -109,7 +109,7 @@ def test_a_message_delivered_between_the_reads_is_not_given_back(redis_url: str,
     # Given a batch queued on Redis and delivered to a consumer that has not acked it
     settings = Settings(_env_file=None, broker_url=redis_url, database_url="sqlite://")
     app = make_celery_app(settings)
-    with ChunkSender(app, 1, Pool.CPU) as sender:
+    with ChunkSender(app, 1, JobPool.CPU) as sender:
         sender.submit([(7, [7])])
         sender.finish()
     connection = app.connection_for_write()
@@ -130,7 +130,7 @@ def test_a_message_delivered_between_the_reads_is_not_given_back(redis_url: str,
         assert given_back == set() and client.llen("cpu") == 0
         # And once its delivery time shows, long past, with no live holder, it is given back where consumers
         # take next (the list's tail: kombu pushes at the head, consumers pop the tail), ahead of a backlog
-        with ChunkSender(app, 1, Pool.CPU) as sender:
+        with ChunkSender(app, 1, JobPool.CPU) as sender:
             sender.submit([(b, [b]) for b in range(8, 30)])
             sender.finish()
         client.zadd(channel.unacked_index_key, {tag: 1.0})
@@ -169,7 +169,7 @@ def test_the_embedded_broker_hands_out_a_batch_sent_again_before_its_backlog(tmp
     # Given the embedded broker with a backlog of 22 batches, then two batches the reconciler sends again
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
-    with ChunkSender(app, 1, Pool.CPU) as sender:
+    with ChunkSender(app, 1, JobPool.CPU) as sender:
         sender.submit([(b, [b]) for b in range(1, 23)])
         sender.finish()
     send_batch(app, job_id=1, batch_id=40, image_ids=[40], pool="cpu", again=True)
@@ -199,7 +199,7 @@ def test_a_deep_queue_is_counted_not_read_and_its_orphaned_message_still_given_b
     ledger = open_ledger(settings)
     job_id, batch_id = job_with_batch(ledger)
     app = make_celery_app(settings)
-    with ChunkSender(app, job_id, Pool.CPU) as sender:
+    with ChunkSender(app, job_id, JobPool.CPU) as sender:
         sender.submit([(batch_id, [1, 2, 3]), (batch_id + 1, [4]), (batch_id + 2, [5]), (batch_id + 3, [6])])
         sender.finish()
     connection = app.connection_for_write()

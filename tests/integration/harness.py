@@ -69,13 +69,13 @@ class Deployment:
         the command's own function), with this deployment's settings. For polls: a command costs 0.3 s of
         CPU to start, and a poll every half second took that from the workers it waits on, on two cores.
         Raises where the ledger cannot be read."""
-        from db.ledger import ledger
+        from db.ledger import open_ledger
         from detq.settings import SETTING_NAMES, Settings
         from producer.status import job_status
 
         given = {k[len("DETQ_") :].lower(): v for k, v in self.env().items() if k.startswith("DETQ_")}
         settings = Settings(_env_file=None, **{k: v for k, v in given.items() if k in SETTING_NAMES})
-        with ledger(settings, check_schema=False) as led, led.reads() as session:
+        with open_ledger(settings, check_schema=False) as led, led.reads() as session:
             return job_status(session, job_id).as_dict()
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from db.ledger import ledger
+from db.ledger import open_ledger
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from dispatch.broker import read_broker
 from dispatch.reconcile import reconcile
 from producer.enqueue import EnqueueError, enqueue_folders
@@ -134,7 +134,7 @@ def test_the_broker_lost_mid_enqueue_closes_the_job_and_its_images_run_once_it_i
     def on_progress(images: int, batches: int) -> None:
         throwaway_redis.stop()
 
-    with ledger(settings) as led:
+    with open_ledger(settings) as led:
         # When the enqueue goes on
         with pytest.raises(EnqueueError) as raised:
             enqueue_folders(
@@ -142,7 +142,7 @@ def test_the_broker_lost_mid_enqueue_closes_the_job_and_its_images_run_once_it_i
                 app,
                 roots=[folder],
                 model_path=model,
-                pool=Pool.ANY,
+                pool=JobPool.ANY,
                 batch_size=64,
                 on_progress=on_progress,
             )

@@ -113,11 +113,11 @@ def _ledger_rows(deployment: Deployment, sql: str, **params: object) -> list[tup
     """Rows of a read of this deployment's ledger, in this process."""
     import sqlalchemy as sa
 
-    from db.ledger import ledger
+    from db.ledger import open_ledger
     from detq.settings import Settings
 
     settings = Settings(_env_file=None, data_dir=deployment.data_dir, database_url=deployment.database_url)
-    with ledger(settings, check_schema=False) as led, led.reads() as session:
+    with open_ledger(settings, check_schema=False) as led, led.reads() as session:
         return [tuple(row) for row in session.execute(sa.text(sql), params)]
 
 

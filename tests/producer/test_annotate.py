@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from db.export_repo import Box
+from db.images_repo import DetectionRow
 from producer.annotate import annotate, annotated
 
 
@@ -15,7 +15,7 @@ def test_a_large_photo_keeps_its_resolution_and_gets_labels_it_can_be_read_at(tm
     # Given a 4000x3000 photo with one box
     photo = tmp_path / "big.jpg"
     Image.new("RGB", (4000, 3000), (200, 200, 200)).save(photo, quality=90)
-    box = Box(image_id=1, rank=0, label_id=0, label="person", score=0.9, x1=1000, y1=1000, x2=2000, y2=2500)
+    box = DetectionRow(label_id=0, label="person", score=0.9, x1=1000, y1=1000, x2=2000, y2=2500)
     # When its annotated copy is written
     annotate(photo, [box], tmp_path / "copy.jpg")
     # Then the copy is 4000x3000, and its label (on the class colour, above the box) is some 40 px high

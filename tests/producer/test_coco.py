@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from db.export_repo import Box
+from db.images_repo import DetectionRow
 from db.models import Image
 from producer.coco import CocoDatasetWriter, coco_annotation, coco_image
 
@@ -21,11 +21,11 @@ def _image(image_id: int) -> Image:
     return cast(Image, SimpleNamespace(id=image_id, path=f"/p/{image_id}.jpg", width=64, height=48))
 
 
-def _boxes(image_id: int, count: int) -> list[Box]:
-    return [Box(image_id, r, 1, "chat", 0.5 + r / 10, r, r, r + 10.5, r + 20.25) for r in range(count)]
+def _boxes(count: int) -> list[DetectionRow]:
+    return [DetectionRow(1, "chat", 0.5 + r / 10, r, r, r + 10.5, r + 20.25) for r in range(count)]
 
 
-IMAGES = [(_image(i), _boxes(i, n)) for i, n in ((3, 2), (5, 0), (9, 3))]
+IMAGES = [(_image(i), _boxes(n)) for i, n in ((3, 2), (5, 0), (9, 3))]
 
 
 def _document() -> dict[str, Any]:
@@ -69,7 +69,7 @@ def test_an_empty_dataset_is_json_dumps_empty_document() -> None:
 def test_out_of_order_calls_are_refused_not_written_into_a_broken_document() -> None:
     no_spool = CocoDatasetWriter(io.StringIO(), INFO, CATEGORIES)
     with pytest.raises(ValueError, match="need a spool"):
-        no_spool.add_boxes(3, _boxes(3, 1))
+        no_spool.add_boxes(3, _boxes(1))
     no_spool.end_images()
     with pytest.raises(ValueError, match="before its annotations"):
         no_spool.add_image(_image(4))

@@ -15,7 +15,7 @@ from db.jobs_repo import cancel_job
 from db.models import Image, Job, utcnow
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.enqueue import INSERT_CHUNK, EnqueueError, EnqueueResult, enqueue_folders
 
 MODEL = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
@@ -66,7 +66,7 @@ def _enqueue_closed_at_first_chunk(
             app,
             roots=[folder],
             model_path=MODEL,
-            pool=Pool.CPU,
+            pool=JobPool.CPU,
             batch_size=8,
             on_progress=close_once,
         )

@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.export_repo import Box, iter_ledger
-from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
+from db.export_repo import iter_ledger
+from db.images_repo import DetectionRow, ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_job, get_or_create_model
 from db.models import Image
 from detq.vocabulary import ExportFormat, ImageStatus
@@ -39,7 +39,7 @@ def _interleaved_jobs(factory: sessionmaker[Session]) -> tuple[int, int]:
 
 
 def coco_dataset(
-    done: list[tuple[Image, list[Box]]], names: dict[int, str], info: dict[str, Any]
+    done: list[tuple[Image, list[DetectionRow]]], names: dict[int, str], info: dict[str, Any]
 ) -> dict[str, Any]:
     """The COCO dataset document built whole in memory, as the export was before it streamed."""
     boxes = ((image.id, det) for image, dets in done for det in dets)

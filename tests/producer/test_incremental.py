@@ -11,7 +11,7 @@ from db.history_repo import PastOutcome
 from db.images_repo import ImageResult, NewImage, finalise_results, insert_images
 from db.jobs_repo import create_job, get_or_create_model
 from detq.inference_settings import DEFAULT_KEY, InferenceSettings
-from detq.vocabulary import ImageStatus, Pool
+from detq.vocabulary import ImageStatus, JobPool
 from producer.incremental import Decision, Tally, decide, select_files
 from producer.scan import ScannedFile
 
@@ -102,13 +102,25 @@ def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_pat
     model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
     # When they are enqueued with --only-new twice, then without it
     first = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2, only_new=True
+        factory,
+        app,
+        roots=[tmp_path / "imgs"],
+        model_path=model,
+        pool=JobPool.ANY,
+        batch_size=2,
+        only_new=True,
     )
     again = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2, only_new=True
+        factory,
+        app,
+        roots=[tmp_path / "imgs"],
+        model_path=model,
+        pool=JobPool.ANY,
+        batch_size=2,
+        only_new=True,
     )
     plain = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=Pool.ANY, batch_size=2
+        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=JobPool.ANY, batch_size=2
     )
     # Then the first takes all three, the second none (they are pending elsewhere), the plain one all
     assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
@@ -138,7 +150,7 @@ def test_only_new_at_other_settings_is_new_work_and_the_job_records_them(
             app,
             roots=[tmp_path / "imgs"],
             model_path=model,
-            pool=Pool.ANY,
+            pool=JobPool.ANY,
             batch_size=2,
             only_new=True,
             settings=settings,
@@ -183,7 +195,7 @@ def test_an_incremental_run_cuts_whole_batches_across_scan_chunks(
 
     def only_new() -> enqueue.EnqueueResult:
         return enqueue.enqueue_folders(
-            factory, app, roots=[folder], model_path=model, pool=Pool.CPU, batch_size=4, only_new=True
+            factory, app, roots=[folder], model_path=model, pool=JobPool.CPU, batch_size=4, only_new=True
         )
 
     first = only_new()

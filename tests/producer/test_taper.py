@@ -12,7 +12,7 @@ from db.models import Batch, utcnow
 from db.workers_repo import ROLE_NODE, ROLE_PROCESS, WorkerIdentity, close_worker, register_worker
 from detq.celery_app import make_celery_app
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.enqueue import enqueue_folders
 from producer.taper import tapered_sizes
 
@@ -69,7 +69,7 @@ def test_enqueue_tapers_for_the_live_processes_of_the_jobs_queue(
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
 
-    def batch_sizes(pool: Pool, worker_timeout_s: float | None) -> list[int]:
+    def batch_sizes(pool: JobPool, worker_timeout_s: float | None) -> list[int]:
         job = enqueue_folders(
             factory,
             app,
@@ -85,9 +85,9 @@ def test_enqueue_tapers_for_the_live_processes_of_the_jobs_queue(
     # When the folder is enqueued for the cpu pool, the gpu pool and any, knowing the live fleet
     # Then the cpu job tapers for its two live processes, the gpu job's lone process gets full batches,
     # and a job any pool takes tapers for all three
-    assert batch_sizes(Pool.CPU, 60) == tapered_sizes(40, 8, 2) == [8, 8, 6, 5, 4, 3, 2, 1, 1, 1, 1]
-    assert batch_sizes(Pool.GPU, 60) == [8] * 5
-    assert batch_sizes(Pool.ANY, 60) == tapered_sizes(40, 8, 3)
+    assert batch_sizes(JobPool.CPU, 60) == tapered_sizes(40, 8, 2) == [8, 8, 6, 5, 4, 3, 2, 1, 1, 1, 1]
+    assert batch_sizes(JobPool.GPU, 60) == [8] * 5
+    assert batch_sizes(JobPool.ANY, 60) == tapered_sizes(40, 8, 3)
     # And a caller that does not ask about the fleet gets full batches
-    assert batch_sizes(Pool.CPU, None) == [8] * 5
+    assert batch_sizes(JobPool.CPU, None) == [8] * 5
     app.close()

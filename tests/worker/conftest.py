@@ -16,7 +16,7 @@ from db.models import Image
 from detq.inference_settings import DEFAULTS, InferenceSettings
 from detq.modelfile import file_sha256
 from detq.settings import Settings
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from tests.support import save_fixed_box_model
 from worker.models.loading import LoadedModel, load_model_for_device
 from worker.runtime import WorkerRuntime
@@ -84,7 +84,7 @@ def stage(runtime: WorkerRuntime) -> Callable[..., Staged]:
                 session,
                 model_id=record.id,
                 roots=[str(root)],
-                pool=Pool.CPU,
+                pool=JobPool.CPU,
                 batch_size=16,
                 settings=settings,
             )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from detq.errors import DetqError
-from detq.vocabulary import Pool
+from detq.vocabulary import JobPool
 from producer.scheduler.schedules import (
     ScheduleConfigError,
     ScheduleIssue,
@@ -290,9 +290,13 @@ def test_schedule_errors_are_detq_errors_with_one_line_each(tmp_path: Path) -> N
 
 def test_pool_is_the_vocabulary_enum(tmp_path: Path) -> None:
     schedules, _ = parse_schedules(table(pool='"cpu"'), tmp_path)
-    assert schedules[0].pool is Pool.CPU
+    assert schedules[0].pool is JobPool.CPU
     schedules, _ = parse_schedules(table(), tmp_path)
-    assert (schedules[0].pool, schedules[0].recursive, schedules[0].cron.timezone) == (Pool.ANY, True, "UTC")
+    assert (schedules[0].pool, schedules[0].recursive, schedules[0].cron.timezone) == (
+        JobPool.ANY,
+        True,
+        "UTC",
+    )
 
 
 def test_top_level_problems(tmp_path: Path) -> None:
@@ -316,6 +320,6 @@ def test_environment_errors_are_reported_together(tmp_path: Path) -> None:
         "DETQ_SCHEDULE_POOL",
     ]
     schedule = schedule_from_environment(
-        name="n", folder=tmp_path, cron="* * * * *", timezone="UTC", pool=Pool.GPU
+        name="n", folder=tmp_path, cron="* * * * *", timezone="UTC", pool=JobPool.GPU
     )
-    assert schedule is not None and schedule.pool is Pool.GPU
+    assert schedule is not None and schedule.pool is JobPool.GPU
