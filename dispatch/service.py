@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
+
+from celery import Celery
 
 from db.engine import is_transient_error
 from db.ledger import Ledger, open_ledger
@@ -58,48 +61,84 @@ class ReconcilerLoop:
         if self.ledger is not None:
             self.ledger.close()
 
-    def _wait_s(self, next_tail: float) -> float:
-        """Until the next tail pass is due; no longer than the next look at the node's pool, if watched."""
-        left = max(0.0, next_tail - time.monotonic())
-        return left if self.idle is None else min(IDLE_POLL_S, left)
-
     def _run(self) -> None:
-        assert self.ledger is not None and self._leadership is not None
+        """Wake at the tail watch's period (or the idle watch's, if shorter) and take what is due."""
         app = make_celery_app(self.settings)
-        # Nobody could beat while the database was away: a worker is only judged once it has been
-        # reachable for a whole DETQ_WORKER_TIMEOUT, or every worker would look dead after an outage.
-        reachable_since: float | None = None
-        held = False
-        tail_every = min(TAIL_WATCH_S, self.settings.reconcile_interval_s)
-        next_tail = time.monotonic() + tail_every
-        next_pass = time.monotonic() + self.settings.reconcile_interval_s
+        steps = _Steps(
+            tail=_Every(min(TAIL_WATCH_S, self.settings.reconcile_interval_s)),
+            full=_Every(self.settings.reconcile_interval_s),
+        )
         try:
-            while not self._stop.wait(self._wait_s(next_tail)):
+            while not self._stop.wait(self._wait_s(steps.tail)):
                 try:
-                    if self.idle is not None and self.idle.fell_idle() and self.settings.backups:
-                        # Lease or not: claim_send keeps this and the holder's pass to one copy.
-                        log.debug("detq: the pool fell idle; looking for backups at its queue's tail")
-                        self.idle.announce()
-                        tail_pass(self.ledger, app, self.settings)
-                    if time.monotonic() < next_tail:
-                        continue
-                    next_tail = time.monotonic() + tail_every
-                    if time.monotonic() < next_pass:
-                        if held and self.settings.backups:
-                            tail_pass(self.ledger, app, self.settings)
-                        continue
-                    next_pass = time.monotonic() + self.settings.reconcile_interval_s
-                    held = self._leadership.check()
-                    if not self._leadership.reachable:
-                        reachable_since = None
-                        continue
-                    reachable_since = reachable_since or time.monotonic()
-                    if held and time.monotonic() - reachable_since >= self.settings.worker_timeout:
-                        reconcile(self.ledger, app, self.settings, read_limit=READ_LIMIT)
+                    self._step(app, steps)
                 except Exception as exc:  # noqa: BLE001 - a failed pass (broker or database away) is retried
                     if is_transient_error(exc):
-                        reachable_since = None
-                        held = False
+                        steps.reachable_since = None
+                        steps.held = False
                     log.warning("detq reconciler: pass failed; trying again", exc_info=True)
         finally:
             app.close()
+
+    def _wait_s(self, tail: _Every) -> float:
+        """Until the next tail pass is due; no longer than the next look at the node's pool, if watched."""
+        return tail.left_s() if self.idle is None else min(IDLE_POLL_S, tail.left_s())
+
+    def _step(self, app: Celery, steps: _Steps) -> None:
+        """One wake-up, three things on their own clocks:
+
+        1. this node's pool just fell idle: look for backups at its queue's tail, lease or not (claim_send
+           keeps this and the holder's pass to one copy);
+        2. the tail watch's period (TAIL_WATCH_S): the lease holder looks for backups;
+        3. the full period (a third of DETQ_WORKER_TIMEOUT): the lease is checked or taken, and its holder
+           runs a reconciler pass, once the database has been reachable for a whole DETQ_WORKER_TIMEOUT
+           (nobody could beat while it was away, and every worker would look dead after an outage).
+        """
+        assert self.ledger is not None and self._leadership is not None
+        if self.idle is not None and self.idle.fell_idle() and self.settings.backups:
+            log.debug("detq: the pool fell idle; looking for backups at its queue's tail")
+            self.idle.announce()
+            tail_pass(self.ledger, app, self.settings)
+        if not steps.tail.due():
+            return
+        if not steps.full.due():
+            if steps.held and self.settings.backups:
+                tail_pass(self.ledger, app, self.settings)
+            return
+        steps.held = self._leadership.check()
+        if not self._leadership.reachable:
+            steps.reachable_since = None
+            return
+        steps.reachable_since = steps.reachable_since or time.monotonic()
+        if steps.held and time.monotonic() - steps.reachable_since >= self.settings.worker_timeout:
+            reconcile(self.ledger, app, self.settings, read_limit=READ_LIMIT)
+
+
+class _Every:
+    """A period and when it is next due, by the monotonic clock."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self.next_at = time.monotonic() + period_s
+
+    def due(self) -> bool:
+        """True once the period has run out, and it starts again from now."""
+        now = time.monotonic()
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.period_s
+        return True
+
+    def left_s(self) -> float:
+        """Seconds until it is due."""
+        return max(0.0, self.next_at - time.monotonic())
+
+
+@dataclass
+class _Steps:
+    """The loop's clocks, and what its last full period found."""
+
+    tail: _Every
+    full: _Every
+    held: bool = False  # this process holds the reconciler's lease
+    reachable_since: float | None = None  # the database answered the lease check since (monotonic)
