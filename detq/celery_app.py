@@ -16,6 +16,10 @@ from detq.settings import Settings
 PROCESS_START_TIMEOUT_S = 300.0
 
 
+# Seconds billiard waits for a dead pool process's result before its message is given back (below).
+WORKER_LOST_WAIT_S = 2.0
+
+
 def broker_transport_options(settings: Settings) -> dict[str, Any]:
     """Transport options: filesystem folders for the embedded broker, visibility timeout for Redis."""
     if settings.is_embedded_broker:
@@ -54,6 +58,11 @@ def make_celery_app(settings: Settings) -> Celery:
         result_backend=None,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
+        # How long billiard waits for the result of a pool process that died before it gives the message
+        # back (task_reject_on_worker_lost): Celery's 10 s is for results a dead process may still have
+        # sent. detq's tasks return nothing anyone reads, and a batch run twice writes nothing twice, so
+        # a killed process's batch (OOM, a poison image) goes again after WORKER_LOST_WAIT_S instead.
+        worker_lost_wait=WORKER_LOST_WAIT_S,
         worker_prefetch_multiplier=1,
         task_soft_time_limit=settings.task_soft_time_limit,
         task_time_limit=settings.task_time_limit,

@@ -29,20 +29,22 @@ READY_PIDS = re.compile(r"pool process \d+ \(pid (\d+)\) ready")
 ITERATIONS_PER_MS = 350
 
 
-def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> Path:
+def save_slow_model(path: Path, ms_per_image: float, *, only_size: tuple[int, int] | None = None) -> Path:
     """A scripted torchvision-format model that computes for about ms_per_image per image, then boxes
-    the middle half of the image with score 0.9. With wider_than, only images wider than that are slow.
-    The warm-up's probe images (TORCHVISION_PROBE_SIZE) are never slow: a pool process warms up on a whole
-    micro-batch of them, and these tests time what happens to the images of a job."""
+    the middle half of the image with score 0.9. With only_size (height, width), only images of that size
+    are slow: a pool process's start-up checks (how the model groups images, its speed-ups) run it on
+    probes of several sizes, which at a heavy image's 12 s took each start 32 s. The warm-up's probe images
+    (TORCHVISION_PROBE_SIZE) are never slow: a pool process warms up on a whole micro-batch of them, and
+    these tests time what happens to the images of a job."""
     import torch
 
     from worker.models.loading import TORCHVISION_PROBE_SIZE
 
     class Slow(torch.nn.Module):
-        def __init__(self, iters: int, wider_than: int, probe: tuple[int, int]) -> None:
+        def __init__(self, iters: int, only: tuple[int, int], probe: tuple[int, int]) -> None:
             super().__init__()
             self.iters = iters
-            self.wider_than = wider_than
+            self.only = only  # (0, 0): every size
             self.probe = probe
             self.w = torch.nn.Parameter(torch.randn(16, 16) / 5, requires_grad=False)
 
@@ -51,7 +53,8 @@ def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> 
             for img in images:
                 y = self.w
                 probe = img.shape[1] == self.probe[0] and img.shape[2] == self.probe[1]
-                if img.shape[2] > self.wider_than and not probe:
+                chosen = self.only[0] == 0 or (img.shape[1] == self.only[0] and img.shape[2] == self.only[1])
+                if chosen and not probe:
                     for _ in range(self.iters):
                         y = torch.tanh(y @ self.w)
                 h = float(img.shape[1])
@@ -71,7 +74,9 @@ def save_slow_model(path: Path, ms_per_image: float, *, wider_than: int = 0) -> 
         warnings.simplefilter("ignore", FutureWarning)
         torch.jit.save(
             torch.jit.script(
-                Slow(int(ms_per_image * ITERATIONS_PER_MS), wider_than, TORCHVISION_PROBE_SIZE).eval()
+                Slow(
+                    int(ms_per_image * ITERATIONS_PER_MS), only_size or (0, 0), TORCHVISION_PROBE_SIZE
+                ).eval()
             ),
             str(path),
             _extra_files={"detq.json": json.dumps(meta)},
