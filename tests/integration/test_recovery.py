@@ -174,6 +174,8 @@ def test_a_hung_workers_batch_is_done_ahead_of_the_backlog(deployment: Deploymen
                 lambda: _pending_in(deployment, job_id, held) == 0, 120, "the hung worker's batch done"
             )
             waiting = _pending_in(deployment, job_id, None)
+            # And it wakes (its late write of that batch finds the images done) and helps with the rest
+            os.killpg(hung.proc.pid, signal.SIGCONT)
             finished_at = wait_until(lambda: _finished(deployment, job_id), 180, "job finished", interval=0.5)
         finally:
             os.killpg(hung.proc.pid, signal.SIGCONT)
