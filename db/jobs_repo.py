@@ -93,8 +93,9 @@ def cancel_job(session: Session, job_id: int, now: datetime) -> int:
     Two statements on the job row whatever its size: its pending images are moved to cancelled in its
     counters, and their rows are left pending, read as cancelled by every reader (db.models.status_as_read)
     until the reconciler writes them, a chunk a pass (write_cancelled_rows). Updating a million rows took
-    16 s on PostgreSQL, 5 s of it with no index at all. A batch being written when the cancel commits
-    writes nothing (finalise_results reads the job under a lock the cancel's conflicts with).
+    16 s on PostgreSQL, 5 s of it with no index at all. A batch being written when the cancel comes is
+    waited for and counted; one written after it writes nothing (finalise_results reads the job under a
+    lock the cancel's conflicts with).
     """
     lock_to_close(session, job_id)
     counts = job_counts(session, job_id)
