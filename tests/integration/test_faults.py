@@ -35,10 +35,10 @@ def _quick_and_heavy(
     deployment.extra.update(
         FAST_HEALING | {"DETQ_TASK_SOFT_TIME_LIMIT": str(soft_s), "DETQ_TASK_TIME_LIMIT": str(hard_s)}
     )
-    deployment.model = save_slow_model(tmp_path / "slow.pt", heavy_ms, wider_than=100)
+    deployment.model = save_slow_model(tmp_path / "slow.pt", heavy_ms, only_size=(40, 160))
     images = write_images(tmp_path / "in", quick)
     heavy = tmp_path / "in" / "zz_heavy.png"
-    Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)
+    Image.new("RGB", (160, 40), (9, 9, 9)).save(heavy)  # (width, height): the model's one slow size
     return [*images, heavy], heavy
 
 
