@@ -45,9 +45,9 @@ services:
 
 # Everything: the linters, then every test, the 20 slowest named at the end. TEST_PROCESSES=2 runs two test
 # processes side by side (pytest-xdist; each its own Redis database, PostgreSQL databases and one intra-op
-# thread): 14 min instead of about 30 on 2 cores, but the load it adds once wedged a Celery pool whose child
-# was SIGKILLed mid-hand-off (test_recovery's killed pool process: no task taken again), so CI runs them
-# one at a time until that is mended.
+# thread): 16 min instead of about 30 on 2 cores (2026-12-08), but the load it adds once wedged a Celery
+# pool whose child was SIGKILLed mid-hand-off (test_recovery's killed pool process: no task taken again),
+# so CI runs them one at a time until that is mended.
 TEST_PROCESSES ?= 0
 test: install-dev lint services bytecode
 	$(PY) -m pytest -n $(TEST_PROCESSES) --durations=20
