@@ -147,9 +147,10 @@ _LOCK_PENDING = (
 # after a cancel commits sees it; one written before is counted by it. KEY SHARE, the weakest, so batches
 # of one job do not wait for each other here, and the counters' update later (FOR NO KEY UPDATE) does not
 # conflict with another batch's hold of it.
+_JOBS = table_of(Job)
 _JOB_CLOSED_AS = (
-    select(table_of(Job).c.closed_reason)
-    .where(table_of(Job).c.id == bindparam("job_id"))
+    select(_JOBS.c.closed_reason)
+    .where(_JOBS.c.id == bindparam("job_id"))
     .with_for_update(read=True, key_share=True)  # FOR KEY SHARE (key_share alone: FOR NO KEY UPDATE)
 )
 _FINALISE = (

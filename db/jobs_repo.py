@@ -103,10 +103,14 @@ def cancel_job(session: Session, job_id: int, now: datetime) -> int:
     session.execute(
         update(Job)
         .where(Job.id == job_id)
-        .values(closed_reason=CANCELLED_REASON, enqueued_complete=True, total=counts.total)
+        .values(
+            closed_reason=CANCELLED_REASON,
+            enqueued_complete=True,
+            total=counts.total,
+            enqueued_at=func.coalesce(Job.enqueued_at, now),
+            finished_at=func.coalesce(Job.finished_at, now),
+        )
     )
-    session.execute(update(Job).where(Job.id == job_id, Job.enqueued_at.is_(None)).values(enqueued_at=now))
-    session.execute(update(Job).where(Job.id == job_id, Job.finished_at.is_(None)).values(finished_at=now))
     return counts.pending
 
 

@@ -93,35 +93,22 @@ def test_only_new_enqueue_records_counts(factory: sessionmaker[Session], tmp_pat
     from detq.celery_app import make_celery_app
     from detq.settings import Settings
     from dispatch.broker import read_broker
-    from producer.enqueue import enqueue_folders
+    from producer.enqueue import EnqueueResult, enqueue_folders
 
     # Given three images and the embedded broker in a folder of this test
     write_dataset(tmp_path / "imgs", 3, seed=1)
     settings = Settings(_env_file=None, data_dir=tmp_path / "data")
     app = make_celery_app(settings)
     model = Path(__file__).resolve().parents[2] / "worker" / "assets" / "demo_detector.pt"
+
     # When they are enqueued with --only-new twice, then without it
-    first = enqueue_folders(
-        factory,
-        app,
-        roots=[tmp_path / "imgs"],
-        model_path=model,
-        pool=JobPool.ANY,
-        batch_size=2,
-        only_new=True,
-    )
-    again = enqueue_folders(
-        factory,
-        app,
-        roots=[tmp_path / "imgs"],
-        model_path=model,
-        pool=JobPool.ANY,
-        batch_size=2,
-        only_new=True,
-    )
-    plain = enqueue_folders(
-        factory, app, roots=[tmp_path / "imgs"], model_path=model, pool=JobPool.ANY, batch_size=2
-    )
+    def enqueue(only_new: bool) -> EnqueueResult:
+        roots = [tmp_path / "imgs"]
+        return enqueue_folders(
+            factory, app, roots=roots, model_path=model, pool=JobPool.ANY, batch_size=2, only_new=only_new
+        )
+
+    first, again, plain = enqueue(True), enqueue(True), enqueue(False)
     # Then the first takes all three, the second none (they are pending elsewhere), the plain one all
     assert first.counts is not None and (first.total, first.counts.new) == (3, 3)
     assert again.counts is not None and (again.total, again.counts.skipped) == (0, 3)
